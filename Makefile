@@ -1,0 +1,41 @@
+# Set-up and entry points. Every target installs what it needs first (idempotent).
+#   make demo   - the main job (see README)
+#   make test   - every CPU test tier
+#   make lint   - ruff
+#   make bench  - the benchmarks in bench/
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test test-unit lint bench clean
+
+setup: $(STAMP)
+
+# torch goes first, pinned to the CPU build on our machines, so that no later requirement can
+# pull a multi-GB CUDA build; pyproject.toml only asks for a range that 2.13.0 satisfies.
+$(STAMP): pyproject.toml setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+demo: setup
+	$(PY) examples/calc_episode.py --episodes 2
+
+test: setup
+	$(PY) -m pytest
+
+test-unit: setup
+	$(PY) -m pytest -m unit
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+bench: setup
+	$(PY) bench/env_overhead.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .hypothesis
