@@ -1,0 +1,138 @@
+"""The exception hierarchy of agentrl.
+
+Two families, kept apart on purpose:
+
+* :class:`ToolCallError` and its subclasses describe something the *model* did wrong (a call it
+  could not parse, an unknown tool, arguments that break the schema, a tool that timed out or
+  raised). The environment catches these and turns them into ``role: tool`` error messages the
+  model sees; they never end a training run.
+* Everything else under :class:`AgentRLError` is a *framework or user-code* problem (a broken
+  env, an invalid tool schema, an unknown env id, a chat template that is not prefix-stable).
+  These propagate: silently continuing would train on garbage.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class AgentRLError(Exception):
+    """Base class of every exception raised by agentrl itself."""
+
+
+# --- framework / configuration errors (propagate) -------------------------------------------
+
+
+class ToolDefinitionError(AgentRLError):
+    """A function cannot become a tool: bad name, un-schematisable type hint, invalid schema."""
+
+
+class EnvRegistrationError(AgentRLError):
+    """An env id is malformed, registered twice, or its entry point cannot be loaded."""
+
+
+class UnknownEnvError(EnvRegistrationError):
+    """No env is registered under the requested id. The message lists close matches."""
+
+
+class EnvCheckError(AgentRLError):
+    """An environment violates the :class:`agentrl.ToolEnv` contract (raised by ``check_env``)."""
+
+
+class ChatTemplateError(AgentRLError):
+    """A (tokenizer, chat template, tool-call format) triple is not usable for token-exact RL."""
+
+
+class ToolCallRenderError(AgentRLError):
+    """A tool call cannot be written in the requested format (e.g. a key the format cannot hold)."""
+
+
+# --- errors the model caused (become observations) -------------------------------------------
+
+
+class ToolErrorKind(enum.StrEnum):
+    """Why a tool call failed. Counted per episode in ``info["tool_errors"]``."""
+
+    PARSE_ERROR = "parse_error"
+    """The assistant text contained a tool call that could not be parsed."""
+    UNKNOWN_TOOL = "unknown_tool"
+    """The call named a tool the environment does not have."""
+    MALFORMED_ARGUMENTS = "malformed_arguments"
+    """The arguments were not a JSON object (e.g. a string that is not JSON, or a list)."""
+    SCHEMA_VIOLATION = "schema_violation"
+    """The arguments were an object but failed the tool's JSON schema."""
+    TIMEOUT = "timeout"
+    """The tool did not finish within its timeout."""
+    TOOL_EXCEPTION = "tool_exception"
+    """The tool itself raised an exception."""
+
+
+class ToolCallError(AgentRLError):
+    """A tool call failed because of what the model wrote or what the tool did.
+
+    Attributes:
+        kind: The failure category.
+        tool_name: The tool the model asked for, when known.
+    """
+
+    kind: ToolErrorKind = ToolErrorKind.TOOL_EXCEPTION
+
+    def __init__(self, message: str, *, tool_name: str | None = None) -> None:
+        super().__init__(message)
+        self.tool_name = tool_name
+
+
+class ToolCallParseError(ToolCallError, ValueError):
+    """Text that looks like a tool call in the given format could not be parsed.
+
+    This is the only exception a tool-call parser raises, whatever its input.
+
+    Attributes:
+        format_name: The tool-call format being parsed.
+        position: Character offset in the text where the problem was found, when known.
+    """
+
+    kind = ToolErrorKind.PARSE_ERROR
+
+    def __init__(self, message: str, *, format_name: str, position: int | None = None) -> None:
+        super().__init__(message)
+        self.format_name = format_name
+        self.position = position
+
+
+class UnknownToolError(ToolCallError):
+    """The model called a tool that does not exist in this environment."""
+
+    kind = ToolErrorKind.UNKNOWN_TOOL
+
+
+class MalformedArgumentsError(ToolCallError):
+    """The call's arguments are not a JSON object."""
+
+    kind = ToolErrorKind.MALFORMED_ARGUMENTS
+
+
+class SchemaViolationError(ToolCallError):
+    """The call's arguments do not satisfy the tool's JSON schema.
+
+    Attributes:
+        json_path: JSON path of the offending value, e.g. ``$.options.depth``.
+    """
+
+    kind = ToolErrorKind.SCHEMA_VIOLATION
+
+    def __init__(self, message: str, *, tool_name: str | None = None, json_path: str = "$") -> None:
+        super().__init__(message, tool_name=tool_name)
+        self.json_path = json_path
+
+
+class ToolTimeoutError(ToolCallError):
+    """The tool ran longer than its timeout and was cancelled."""
+
+    kind = ToolErrorKind.TIMEOUT
+
+
+class ToolExecutionError(ToolCallError):
+    """The tool raised; the message carries the exception type and text the model will see."""
+
+    kind = ToolErrorKind.TOOL_EXCEPTION
