@@ -1,0 +1,7 @@
+"""``python -m agentrl`` is the ``agentrl`` command."""
+
+import sys
+
+from agentrl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,86 @@
+"""The ``agentrl`` command line: ``agentrl list-envs``, ``agentrl check-env ID``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from agentrl.env import check_env, env_spec, list_envs
+from agentrl.errors import AgentRLError
+
+
+def _parse_kwargs(pairs: Sequence[str]) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"agentrl: --env-kwarg expects KEY=VALUE, got {pair!r}")
+        try:
+            kwargs[key] = json.loads(value)
+        except ValueError:
+            kwargs[key] = value
+    return kwargs
+
+
+def _cmd_list_envs(args: argparse.Namespace) -> int:
+    rows = [("id", "description", "tools", "max turns")]
+    for spec in list_envs():
+        try:
+            env = spec.make()
+            tools, turns = ", ".join(env.toolbox.names) or "-", str(env.max_turns)
+            env.close()
+        except Exception as exc:  # noqa: BLE001 - one broken env must not hide the others
+            tools, turns = f"(cannot build: {type(exc).__name__}: {exc})", "?"
+        rows.append((spec.id, spec.describe(), tools, turns))
+    if args.json:
+        print(json.dumps([dict(zip(rows[0], r, strict=True)) for r in rows[1:]], indent=2))
+        return 0
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths, strict=True)) + "  " + row[3])
+    return 0
+
+
+def _cmd_check_env(args: argparse.Namespace) -> int:
+    spec = env_spec(args.id)
+    env = spec.make(**_parse_kwargs(args.env_kwarg))
+    check_env(env, seed=args.seed)
+    print(f"{spec.id}: all checks passed ({len(env.toolbox)} tools, max_turns={env.max_turns})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``agentrl`` command."""
+    parser = argparse.ArgumentParser(prog="agentrl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("list-envs", help="list registered environments")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_cmd_list_envs)
+
+    p = sub.add_parser("check-env", help="run check_env on a registered environment")
+    p.add_argument("id", help="env id: NAME, NAME-vN, or MODULE:NAME for a user module")
+    p.add_argument("--seed", type=int, default=0, help="seed for the determinism check")
+    p.add_argument(
+        "--env-kwarg", action="append", default=[], metavar="KEY=VALUE",
+        help="constructor argument (VALUE parsed as JSON when possible); repeatable",
+    )
+    p.set_defaults(func=_cmd_check_env)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``agentrl`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except AgentRLError as exc:
+        print(f"agentrl: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

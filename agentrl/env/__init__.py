@@ -1,0 +1,34 @@
+"""Environments: the ``ToolEnv`` contract, the registry and the checker.
+
+Imports neither Ray, Megatron nor SGLang.
+"""
+
+from agentrl.env.checker import CHECKS, check_env
+from agentrl.env.core import Action, EpisodeState, ToolEnv
+from agentrl.env.messages import AssistantTurn, Message, MessageList, message_problem
+from agentrl.env.registry import (
+    EnvSpec,
+    env_spec,
+    list_envs,
+    load_builtin_envs,
+    make_env,
+    register_env,
+)
+
+__all__ = [
+    "CHECKS",
+    "Action",
+    "AssistantTurn",
+    "EnvSpec",
+    "EpisodeState",
+    "Message",
+    "MessageList",
+    "ToolEnv",
+    "check_env",
+    "env_spec",
+    "list_envs",
+    "load_builtin_envs",
+    "make_env",
+    "message_problem",
+    "register_env",
+]

@@ -1,0 +1,206 @@
+"""``check_env``: does an environment honour the :class:`~agentrl.ToolEnv` contract?
+
+Run it on every new env before training (``agentrl check-env ID``). Each check plays a short
+scripted episode and raises :class:`~agentrl.errors.EnvCheckError` naming the check that
+failed and what was seen.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from agentrl.env.core import ToolEnv
+from agentrl.env.messages import message_problem
+from agentrl.errors import EnvCheckError, ToolErrorKind
+from agentrl.tools.calls import TOOL_NAME_PATTERN, ToolCall
+
+CHECKS = (
+    "type",
+    "tool schemas",
+    "reset",
+    "determinism",
+    "final answer",
+    "reset needed",
+    "unknown tool",
+    "malformed call",
+    "bad arguments",
+    "truncation",
+    "close",
+)
+"""The checks :func:`check_env` runs, in order."""
+
+_UNKNOWN_TOOL = "agentrl_check_no_such_tool"
+
+
+def check_env(env: Any, *, seed: int = 0, options: Mapping[str, Any] | None = None) -> None:
+    """Checks ``env`` against the ToolEnv contract; returns ``None`` when it passes.
+
+    Checks: it is a ``ToolEnv``; tool schemas are valid OpenAI-style function schemas with
+    valid JSON Schema parameters and unique names; ``reset`` returns ``(messages, info)`` with a
+    non-empty, valid message list and the schemas in ``info``; ``reset(seed=s)`` twice gives the
+    same observation; a final answer (no tool calls) terminates with a float reward; stepping a
+    finished episode raises ``ResetNeeded``; an unknown tool, a malformed call and arguments that
+    are not an object each come back as an error tool message counted in ``info`` without ending
+    the episode; ``max_turns`` tool turns truncate; ``close()`` twice is fine.
+
+    Args:
+        env: The environment (closed at the end).
+        seed: Seed for the reset checks.
+        options: Passed to every ``reset`` (e.g. a fixed ``{"task": row}``).
+
+    Raises:
+        EnvCheckError: The first failed check, named in the message.
+    """
+    if not isinstance(env, ToolEnv):
+        _fail("type", f"expected an agentrl.ToolEnv, got {type(env).__name__}")
+    _check_schemas(env)
+
+    first = _reset(env, seed, options)
+    again = _reset(env, seed, options)
+    if _canonical(first) != _canonical(again):
+        _fail(
+            "determinism",
+            f"reset(seed={seed}) gave different observations:\n  {_canonical(first)[:300]}\n"
+            f"  {_canonical(again)[:300]}\nDraw tasks from self.np_random, not global random",
+        )
+
+    obs, reward, terminated, truncated, info = _step(env, "final answer", "I am done.")
+    if not terminated or truncated:
+        _fail("final answer", f"a turn without tool calls must terminate (got terminated="
+              f"{terminated}, truncated={truncated})")
+    try:
+        env.step("again")
+    except Exception as exc:  # noqa: BLE001 - any exception type is inspected below
+        if type(exc).__name__ != "ResetNeeded":
+            _fail("reset needed", f"stepping a finished episode raised {type(exc).__name__}: {exc}"
+                  " instead of gymnasium.error.ResetNeeded")
+    else:
+        _fail("reset needed", "stepping a finished episode did not raise ResetNeeded")
+
+    _reset(env, seed, options)
+    unknown = {"role": "assistant", "content": "", "tool_calls": [{"name": _UNKNOWN_TOOL, "arguments": {}}]}
+    _expect_tool_error(env, "unknown tool", unknown, ToolErrorKind.UNKNOWN_TOOL)
+
+    garbage = env.format.render("", [ToolCall("x", {"a": 1})])
+    broken = garbage[: max(1, len(garbage) - 3)]
+    try:
+        env.format.parse(broken)
+    except Exception:  # noqa: BLE001 - only checking that this text is malformed
+        _reset(env, seed, options)
+        _expect_tool_error(env, "malformed call", broken, ToolErrorKind.PARSE_ERROR)
+
+    if len(env.toolbox):
+        name = env.toolbox.names[0]
+        bad = {"role": "assistant", "content": "", "tool_calls": [{"name": name, "arguments": [1, 2]}]}
+        _reset(env, seed, options)
+        _expect_tool_error(env, "bad arguments", bad, ToolErrorKind.MALFORMED_ARGUMENTS)
+
+    _reset(env, seed, options)
+    for turn in range(1, env.max_turns + 1):
+        _, reward, terminated, truncated, info = _step(env, "truncation", unknown)
+        if terminated:
+            _fail("truncation", f"a tool-calling turn terminated the episode at turn {turn}")
+        if truncated != (turn == env.max_turns):
+            _fail("truncation", f"truncated={truncated} at turn {turn} with max_turns="
+                  f"{env.max_turns}; it must be true exactly at turn max_turns")
+        if reward != 0.0:
+            _fail("truncation", f"non-final turns must give reward 0.0, got {reward!r}")
+
+    try:
+        env.close()
+        env.close()
+    except Exception as exc:  # noqa: BLE001
+        _fail("close", f"close() is not idempotent: {type(exc).__name__}: {exc}")
+
+
+def _fail(check: str, message: str) -> None:
+    raise EnvCheckError(f"check_env: '{check}' failed: {message}")
+
+
+def _check_schemas(env: ToolEnv) -> None:
+    names = set()
+    for schema in env.toolbox.schemas:
+        fn = schema.get("function") if isinstance(schema, Mapping) else None
+        if schema.get("type") != "function" or not isinstance(fn, Mapping):
+            _fail("tool schemas", f"not an OpenAI-style function schema: {schema!r}")
+        name = fn.get("name")
+        if not isinstance(name, str) or not TOOL_NAME_PATTERN.match(name):
+            _fail("tool schemas", f"invalid tool name {name!r}")
+        if name in names:
+            _fail("tool schemas", f"duplicate tool name {name!r}")
+        names.add(name)
+        if not fn.get("description"):
+            _fail("tool schemas", f"tool {name!r} has no description (add a docstring)")
+        params = fn.get("parameters")
+        if not isinstance(params, Mapping) or params.get("type") != "object":
+            _fail("tool schemas", f"tool {name!r}: parameters must be a JSON Schema of type object")
+        try:
+            Draft202012Validator.check_schema(params)
+        except SchemaError as exc:
+            _fail("tool schemas", f"tool {name!r}: invalid JSON Schema: {exc.message}")
+
+
+def _reset(env: ToolEnv, seed: int, options: Mapping[str, Any] | None) -> list[dict]:
+    try:
+        result = env.reset(seed=seed, options=dict(options) if options else None)
+    except Exception as exc:  # noqa: BLE001 - reported as the failed check
+        _fail("reset", f"reset(seed={seed}) raised {type(exc).__name__}: {exc}")
+    if not isinstance(result, tuple) or len(result) != 2:
+        _fail("reset", f"reset() must return (observation, info), got {_shape(result)}")
+    obs, info = result
+    if not isinstance(obs, list) or not obs:
+        _fail("reset", "the first observation must be a non-empty list of messages")
+    for i, message in enumerate(obs):
+        problem = message_problem(message)
+        if problem:
+            _fail("reset", f"observation[{i}]: {problem}")
+    if obs[0]["role"] not in ("system", "user"):
+        _fail("reset", f"the first message must be system or user, got {obs[0]['role']!r}")
+    if not isinstance(info, dict) or "tools" not in info:
+        _fail("reset", "info must be a dict with the tool schemas under 'tools'")
+    return obs
+
+
+def _step(env: ToolEnv, check: str, action: Any) -> tuple:
+    try:
+        result = env.step(action)
+    except Exception as exc:  # noqa: BLE001 - reported as the failed check
+        _fail(check, f"step({action!r:.120}) raised {type(exc).__name__}: {exc}")
+    if not isinstance(result, tuple) or len(result) != 5:
+        _fail(check, "step() must return (observation, reward, terminated, truncated, info), "
+              f"got {_shape(result)}")
+    obs, reward, terminated, truncated, info = result
+    if not isinstance(obs, list) or any(message_problem(m) for m in obs):
+        _fail(check, f"step observation must be a list of valid messages, got {obs!r:.200}")
+    if isinstance(reward, bool) or not isinstance(reward, int | float):
+        _fail(check, f"reward must be a float, got {type(reward).__name__}")
+    if not isinstance(terminated, bool) or not isinstance(truncated, bool):
+        _fail(check, "terminated and truncated must be bools")
+    if not isinstance(info, dict):
+        _fail(check, f"info must be a dict, got {type(info).__name__}")
+    return result
+
+
+def _expect_tool_error(env: ToolEnv, check: str, action: Any, kind: ToolErrorKind) -> None:
+    obs, _, terminated, _, info = _step(env, check, action)
+    if terminated:
+        _fail(check, "a failed tool call must not end the episode")
+    if len(obs) != 1 or obs[0]["role"] != "tool" or "Error" not in obs[0]["content"]:
+        _fail(check, f"expected one error tool message, got {obs!r:.300}")
+    if info.get("tool_errors", {}).get(kind.value) != 1:
+        _fail(check, f"info['tool_errors'] must count one {kind.value!r}, got {info.get('tool_errors')!r}")
+
+
+def _canonical(obs: Any) -> str:
+    return json.dumps(obs, sort_keys=True, default=repr)
+
+
+def _shape(value: Any) -> str:
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)}"
+    return type(value).__name__

@@ -1,0 +1,382 @@
+"""``ToolEnv``: the environment contract every agentrl task implements.
+
+An episode is a conversation. ``reset`` returns the task as chat messages; each ``step`` takes
+one assistant turn and returns the environment's reply. Tools are plain typed functions (see
+:func:`agentrl.tool`); the environment parses the model's tool calls, validates them, runs the
+tools and returns their results as ``role: tool`` messages.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import collections
+import inspect
+import json
+import numbers
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import gymnasium
+from gymnasium.error import ResetNeeded
+
+from agentrl.env.messages import AssistantTurn, Message, MessageList, message_problem
+from agentrl.errors import MalformedArgumentsError, ToolCallParseError, ToolErrorKind
+from agentrl.tools.calls import ToolCall
+from agentrl.tools.formats import ToolCallFormat, get_format
+from agentrl.tools.tool import Injected, Tool
+from agentrl.tools.toolbox import Toolbox, ToolOutcome, error_text
+
+Action = str | Mapping[str, Any]
+"""An assistant turn: ``{"role": "assistant", "content": str, "tool_calls": [...]}`` or text."""
+
+
+class EpisodeState(Injected):
+    """Per-episode state that tools can receive by annotating a parameter with this type.
+
+    Attributes:
+        task: The task row of the episode.
+        data: Free scratch space for tools (e.g. files seen, a running total).
+        finished: Set by :meth:`finish`; the step that set it terminates the episode.
+        answer: The value passed to :meth:`finish`, available to ``compute_reward``.
+    """
+
+    def __init__(self, task: Mapping[str, Any]) -> None:
+        self.task = task
+        self.data: dict[str, Any] = {}
+        self.finished = False
+        self.answer: Any = None
+
+    def finish(self, answer: Any = None) -> None:
+        """Ends the episode after the current step (e.g. from a ``submit`` tool)."""
+        self.finished = True
+        self.answer = answer
+
+
+class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
+    """A multi-turn, tool-using task as a Gymnasium environment.
+
+    **Observations** are lists of chat messages (dicts with ``role`` and ``content``). The
+    observation from :meth:`reset` is the task (system and user messages). The observation from
+    :meth:`step` holds only the *new* messages: one ``role: tool`` message per tool call (in call
+    order), or an empty list when the episode has just ended.
+
+    **Actions** are the model's assistant turn: ``{"role": "assistant", "content": str,
+    "tool_calls": [{"name": str, "arguments": dict}]}``. A plain ``str`` (raw model output) is
+    parsed with the env's tool-call format; a dict without ``tool_calls`` has its ``content``
+    parsed the same way. ``arguments`` may also be a JSON string.
+
+    **Episode end.**
+
+    * ``terminated=True``: the episode reached a natural end and was scored. That happens when an
+      assistant turn contains no tool calls (the model gave its final answer), or when a tool
+      called :meth:`EpisodeState.finish` (e.g. ``submit``). ``reward`` on that step is
+      :meth:`compute_reward`'s score; on all other steps it is ``0.0``.
+    * ``truncated=True``: the turn limit ``max_turns`` was reached with tools still being called.
+      The episode is cut, not failed; its reward is ``0.0`` and it is *not* scored, so RL code
+      can tell "ran out of turns" apart from "answered wrongly".
+    * Both are never true together. Stepping after either raises ``gymnasium.error.ResetNeeded``.
+
+    **Tool failures never raise.** A call that cannot be parsed, names an unknown tool, has
+    arguments that are not a JSON object or break the tool's schema, times out, or raises inside
+    the tool becomes a ``role: tool`` message starting ``Error (<kind>):`` that says what to fix,
+    and is counted in ``info["tool_errors"]``. A turn with a malformed call runs none of its
+    calls. Errors in the environment's own code (hooks below, an injected value missing)
+    propagate: those are bugs, not model behaviour.
+
+    **Info.** ``reset`` returns ``{"task", "tools" (OpenAI-style schemas), "max_turns", "turn"}``.
+    ``step`` returns ``{"turn", "tool_calls" (names), "tool_errors" (kind -> count, this step),
+    "tool_results" (per call: name, error, duration_s), "timings" (parse_s, tools_s, reward_s),
+    "episode_tool_errors" (kind -> count so far)}``.
+
+    **Isolation.** The env itself isolates nothing: tools run in this process (sync tools in a
+    worker thread, with their timeout). Tools that run model-written code must do so through a
+    sandbox handle injected via :meth:`tool_context`.
+
+    **Subclassing.** Set ``tools`` (or pass ``tools=``) and implement :meth:`make_prompt` and
+    :meth:`compute_reward`; implement :meth:`sample_task` so ``reset()`` without a task works.
+    Optional: :meth:`setup_episode` / :meth:`teardown_episode` (async, e.g. a sandbox),
+    :meth:`tool_context`. Constructors must be cheap: start resources in ``setup_episode``.
+    Every hook may be sync or async.
+
+    Args:
+        tools: Tools for this instance (defaults to the class attribute ``tools``).
+        max_turns: Assistant turns per episode before truncation (>= 1).
+        tool_call_format: How tool calls are written in raw text (see
+            :func:`agentrl.tools.available_formats`).
+        render_mode: ``"ansi"`` for :meth:`render` to return the transcript, or ``None``.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+    tools: ClassVar[Sequence[Tool | Callable[..., Any]]] = ()
+    """Default tools of the env class."""
+    default_max_turns: ClassVar[int] = 8
+    env_id: str | None = None
+    """The registry id this instance was made from (set by ``make_env``)."""
+
+    def __init__(
+        self,
+        *,
+        tools: Iterable[Tool | Callable[..., Any]] | None = None,
+        max_turns: int | None = None,
+        tool_call_format: str | ToolCallFormat = "hermes",
+        render_mode: str | None = None,
+    ) -> None:
+        max_turns = self.default_max_turns if max_turns is None else max_turns
+        if not isinstance(max_turns, int) or max_turns < 1:
+            raise ValueError(f"max_turns must be an int >= 1, got {max_turns!r}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}")
+        self.toolbox = Toolbox(type(self).tools if tools is None else tools)
+        self.max_turns = max_turns
+        self.format = (
+            tool_call_format
+            if isinstance(tool_call_format, ToolCallFormat)
+            else get_format(tool_call_format)
+        )
+        self.render_mode = render_mode
+        self.observation_space = MessageList()
+        self.action_space = AssistantTurn()
+        self.state: EpisodeState | None = None
+        self.messages: list[Message] = []
+        self._turn = 0
+        self._done = True
+        self._episode_open = False
+        self._episode_errors: collections.Counter[str] = collections.Counter()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._context: dict[type, Any] = {}
+
+    # -- hooks for subclasses ----------------------------------------------------------------
+
+    def sample_task(self) -> dict[str, Any]:
+        """Draws a task when ``reset`` gets no ``options["task"]``; use ``self.np_random``."""
+        raise ValueError(
+            f"{type(self).__name__} has no task sampler: pass reset(options={{'task': row}})"
+        )
+
+    @abc.abstractmethod
+    def make_prompt(self, task: Mapping[str, Any]) -> list[Message]:
+        """The first observation for ``task``: system and/or user messages."""
+
+    @abc.abstractmethod
+    def compute_reward(
+        self, task: Mapping[str, Any], final: Message, state: EpisodeState
+    ) -> float:
+        """Scores a terminated episode. ``final`` is the last assistant message (with parsed
+        ``tool_calls`` if the episode ended through :meth:`EpisodeState.finish`)."""
+
+    async def setup_episode(self, task: Mapping[str, Any]) -> None:
+        """Acquires per-episode resources (sandboxes, workspaces) after a task is chosen."""
+
+    async def teardown_episode(self) -> None:
+        """Releases what :meth:`setup_episode` acquired. Called once per opened episode."""
+
+    def tool_context(self) -> list[Any]:
+        """Objects injectable into tools for the current episode (default: the state).
+
+        Called once per episode, after :meth:`setup_episode`."""
+        return [self.state]
+
+    # -- gymnasium API -----------------------------------------------------------------------
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        """Starts an episode. ``options={"task": row}`` picks the task; otherwise
+        :meth:`sample_task` draws one from ``self.np_random`` (seeded by ``seed``)."""
+        return self._run_sync(self.areset(seed=seed, options=options))
+
+    def step(self, action: Action) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        """Plays one assistant turn; see the class docstring for what comes back."""
+        return self._run_sync(self.astep(action))
+
+    def render(self) -> str | None:
+        """With ``render_mode="ansi"``: the conversation so far as text."""
+        if self.render_mode != "ansi":
+            return None
+        lines = []
+        for m in self.messages:
+            calls = "".join(
+                f"\n  -> {c['name']}({json.dumps(c.get('arguments'), ensure_ascii=False)})"
+                for c in m.get("tool_calls") or ()
+            )
+            lines.append(f"[{m['role']}{':' + m['name'] if m.get('name') else ''}] {m['content']}{calls}")
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        """Ends any open episode and frees the env's event loop. Safe to call repeatedly."""
+        if self._episode_open:
+            self._run_sync(self._close_episode())
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.close()
+        self._loop = None
+
+    # -- async API (used by the rollout runner to play many episodes at once) -----------------
+
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        """Async form of :meth:`reset`."""
+        super().reset(seed=seed)
+        await self._close_episode()
+        task = (options or {}).get("task")
+        if task is None:
+            task = await _maybe_await(self.sample_task())
+        if not isinstance(task, Mapping):
+            raise TypeError(f"a task must be a mapping (row), got {type(task).__name__}")
+        self.state = EpisodeState(task)
+        self._turn = 0
+        self._episode_errors = collections.Counter()
+        self._episode_open = True
+        await self.setup_episode(task)
+        self._context = {type(obj): obj for obj in self.tool_context() if obj is not None}
+        prompt = await _maybe_await(self.make_prompt(task))
+        self.messages = list(prompt)
+        self._done = False
+        info = {
+            "task": task,
+            "tools": self.toolbox.schemas,
+            "max_turns": self.max_turns,
+            "turn": 0,
+        }
+        return list(prompt), info
+
+    async def astep(
+        self, action: Action
+    ) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        """Async form of :meth:`step`."""
+        if self._done or self.state is None:
+            raise ResetNeeded("call reset() before step(), and again after an episode ends")
+        t0 = time.perf_counter()
+        self._turn += 1
+        message, calls, parse_error = self._read_action(action)
+        self.messages.append(message)
+        t1 = time.perf_counter()
+
+        outcomes: list[ToolOutcome] = []
+        if parse_error is not None:
+            outcomes.append(ToolOutcome(ToolCall("(unparsed)"), error_text(parse_error), parse_error.kind, 0.0))
+        else:
+            for call in calls:
+                if isinstance(call, ToolOutcome):  # malformed call given as a dict
+                    outcomes.append(call)
+                else:
+                    outcomes.append(await self.toolbox.run(call, self._context))
+        t2 = time.perf_counter()
+
+        observation = [o.to_message() for o in outcomes]
+        self.messages.extend(observation)
+        terminated = parse_error is None and (not calls or self.state.finished)
+        truncated = not terminated and self._turn >= self.max_turns
+        reward = 0.0
+        if terminated:
+            reward = _as_reward(
+                await _maybe_await(self.compute_reward(self.state.task, message, self.state)),
+                type(self).__name__,
+            )
+        t3 = time.perf_counter()
+        self._done = terminated or truncated
+
+        step_errors: dict[str, int] = {}
+        for o in outcomes:
+            if o.error is not None:
+                step_errors[o.error.value] = step_errors.get(o.error.value, 0) + 1
+                self._episode_errors[o.error.value] += 1
+        info = {
+            "turn": self._turn,
+            "tool_calls": [o.call.name for o in outcomes],
+            "tool_errors": step_errors,
+            "tool_results": [
+                {"name": o.call.name, "error": o.error.value if o.error else None, "duration_s": o.duration_s}
+                for o in outcomes
+            ],
+            "timings": {"parse_s": t1 - t0, "tools_s": t2 - t1, "reward_s": t3 - t2},
+            "episode_tool_errors": dict(self._episode_errors),
+        }
+        if self._done:
+            await self._close_episode()
+        return observation, reward, terminated, truncated, info
+
+    async def aclose(self) -> None:
+        """Async form of :meth:`close` for code already running in an event loop."""
+        await self._close_episode()
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _read_action(
+        self, action: Action
+    ) -> tuple[Message, list[ToolCall | ToolOutcome], ToolCallParseError | None]:
+        """Normalises an action into (assistant message, calls, parse error)."""
+        if isinstance(action, str):
+            action = {"role": "assistant", "content": action}
+        if not isinstance(action, Mapping):
+            raise TypeError(f"an action must be a str or an assistant message dict, got {type(action).__name__}")
+        content = action.get("content") or ""
+        if not isinstance(content, str):
+            raise TypeError(f"action content must be a str, got {type(content).__name__}")
+        raw_calls = action.get("tool_calls")
+        if raw_calls is None:
+            try:
+                parsed = self.format.parse(content)
+            except ToolCallParseError as exc:
+                return {"role": "assistant", "content": content}, [], exc
+            calls: list[ToolCall | ToolOutcome] = list(parsed.tool_calls)
+            content = parsed.content if parsed.tool_calls else content
+        else:
+            calls = [_call_from_dict(c, i) for i, c in enumerate(raw_calls)]
+        message: Message = {"role": "assistant", "content": content}
+        good = [c for c in calls if isinstance(c, ToolCall)]
+        if good:
+            message["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in good]
+        return message, calls, None
+
+    async def _close_episode(self) -> None:
+        if self._episode_open:
+            self._episode_open = False
+            self._done = True
+            await self.teardown_episode()
+
+    def _run_sync(self, coroutine: Any) -> Any:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            coroutine.close()
+            raise RuntimeError(
+                "ToolEnv.reset/step/close were called from inside a running event loop; "
+                "use `await env.areset(...)` / `await env.astep(...)` / `await env.aclose()`"
+            )
+        if self._loop is None or self._loop.is_closed():
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(coroutine)
+
+
+
+def _call_from_dict(raw: Any, index: int) -> ToolCall | ToolOutcome:
+    """A call from an action dict, or an error outcome when it is malformed."""
+    if isinstance(raw, ToolCall):
+        return raw
+    if isinstance(raw, Mapping) and isinstance(raw.get("function"), Mapping):  # OpenAI form
+        raw = {**raw["function"], "id": raw.get("id")}
+    name = raw.get("name") if isinstance(raw, Mapping) else None
+    if not isinstance(name, str):
+        problem = message_problem({"role": "assistant", "content": "", "tool_calls": [raw]})
+        error = MalformedArgumentsError(f"tool_calls[{index}] is malformed: {problem}")
+        return ToolOutcome(ToolCall("(malformed)"), error_text(error), ToolErrorKind.MALFORMED_ARGUMENTS, 0.0)
+    arguments = raw.get("arguments", {})
+    return ToolCall(name, arguments, raw.get("id"))
+
+
+def _as_reward(value: Any, env_name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"{env_name}.compute_reward must return a real number, got {type(value).__name__} "
+            f"({value!r:.50})"
+        )
+    return float(value)
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value

@@ -1,0 +1,102 @@
+"""The ``agentrl`` command on a user's env module that lives outside the repository."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+USER_MODULE = textwrap.dedent(
+    '''
+    """A user's env, written only against the public API."""
+    import agentrl
+
+
+    @agentrl.tool
+    def lookup(word: str, state: agentrl.EpisodeState) -> str:
+        """Looks a word up in the task's dictionary.
+
+        Args:
+            word: The word.
+        """
+        return state.task["dictionary"].get(word, "not found")
+
+
+    class GlossaryEnv(agentrl.ToolEnv):
+        """Define a word using the lookup tool."""
+
+        tools = (lookup,)
+        default_max_turns = 3
+
+        def sample_task(self):
+            words = ["apple", "pear", "plum"]
+            word = words[int(self.np_random.integers(len(words)))]
+            return {"word": word, "dictionary": {word: f"a fruit called {word}"}}
+
+        def make_prompt(self, task):
+            return [{"role": "user", "content": f"Define {task['word']}."}]
+
+        def compute_reward(self, task, final, state):
+            return float(task["dictionary"][task["word"]] in final["content"])
+
+
+    class BrokenEnv(GlossaryEnv):
+        def step(self, action):
+            return super().step(action)[:4]
+
+
+    agentrl.register_env("glossary-v0", entry_point=GlossaryEnv)
+    agentrl.register_env("broken-v0", entry_point=BrokenEnv)
+    '''
+)
+
+
+def _agentrl(args, cwd, extra_path):
+    env = {**os.environ, "PYTHONPATH": str(extra_path)}
+    return subprocess.run(
+        [sys.executable, "-m", "agentrl", *args], cwd=cwd, env=env, capture_output=True,
+        text=True, timeout=120,
+    )
+
+
+def test_check_env_on_user_module_outside_repo(tmp_path):
+    (tmp_path / "my_module.py").write_text(USER_MODULE)
+    result = _agentrl(["check-env", "my_module:glossary"], tmp_path, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "glossary-v0: all checks passed" in result.stdout
+
+
+def test_check_env_reports_broken_env(tmp_path):
+    (tmp_path / "my_module.py").write_text(USER_MODULE)
+    result = _agentrl(["check-env", "my_module:broken-v0"], tmp_path, tmp_path)
+    assert result.returncode == 1
+    assert "'final answer' failed" in result.stderr and "got a tuple of 4" in result.stderr
+
+
+def test_unknown_env_suggests(tmp_path):
+    result = _agentrl(["check-env", "calk"], tmp_path, tmp_path)
+    assert result.returncode == 1 and "Did you mean 'calc'" in result.stderr
+
+
+def test_list_envs_table_and_json(tmp_path):
+    table = _agentrl(["list-envs"], tmp_path, tmp_path)
+    assert table.returncode == 0
+    assert table.stdout.splitlines()[0].split() == ["id", "description", "tools", "max", "turns"]
+    assert any(line.startswith("calc-v0") and "calculator" in line for line in table.stdout.splitlines())
+    rows = json.loads(_agentrl(["list-envs", "--json"], tmp_path, tmp_path).stdout)
+    calc = next(r for r in rows if r["id"] == "calc-v0")
+    assert calc["tools"] == "calculator" and calc["max turns"] == "4"
+
+
+def test_readme_example_runs(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "calc_episode.py"), "--episodes", "3"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("reward 1.0") == 3

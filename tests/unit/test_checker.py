@@ -1,0 +1,130 @@
+"""check_env passes conforming envs and names the problem in broken ones."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import agentrl
+from agentrl import ToolEnv, check_env, tool
+from agentrl.errors import EnvCheckError, ToolDefinitionError
+
+
+@tool(inline=True)
+def echo(text: str) -> str:
+    """Echoes text.
+
+    Args:
+        text: What to echo.
+    """
+    return text
+
+
+class GoodEnv(ToolEnv):
+    """A conforming env."""
+
+    tools = (echo,)
+    default_max_turns = 3
+
+    def sample_task(self):
+        return {"n": int(self.np_random.integers(100))}
+
+    def make_prompt(self, task):
+        return [{"role": "user", "content": f"n={task['n']}"}]
+
+    def compute_reward(self, task, final, state):
+        return 0.0
+
+
+def test_good_env_passes():
+    check_env(GoodEnv())
+
+
+@pytest.mark.parametrize("env_id", [spec.id for spec in agentrl.list_envs()])
+def test_every_registered_env_passes(env_id):
+    check_env(agentrl.make_env(env_id))
+
+
+class FourTupleEnv(GoodEnv):
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, reward, terminated or truncated, info
+
+
+class NondeterministicEnv(GoodEnv):
+    def sample_task(self):
+        return {"n": random.random()}
+
+
+class BadRewardEnv(GoodEnv):
+    def compute_reward(self, task, final, state):
+        return "1"
+
+
+class BadPromptEnv(GoodEnv):
+    def make_prompt(self, task):
+        return [{"role": "narrator", "content": "hi"}]
+
+
+class EmptyPromptEnv(GoodEnv):
+    def make_prompt(self, task):
+        return []
+
+
+class NeverTruncatesEnv(GoodEnv):
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, reward, terminated, False, info
+
+
+class CloseTwiceFailsEnv(GoodEnv):
+    closed = False
+
+    def close(self):
+        if self.closed:
+            raise RuntimeError("already closed")
+        self.closed = True
+        super().close()
+
+
+class NoDescriptionToolEnv(GoodEnv):
+    tools = (tool(lambda_text := (lambda text: text), name="nodesc", inline=True),)
+
+
+class TupleResetEnv(GoodEnv):
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        return obs
+
+
+@pytest.mark.parametrize(
+    ("env_cls", "check", "detail"),
+    [
+        (FourTupleEnv, "final answer", "got a tuple of 4"),
+        (NondeterministicEnv, "determinism", "np_random"),
+        (BadRewardEnv, "final answer", "compute_reward must return a real number"),
+        (BadPromptEnv, "reset", "role must be one of"),
+        (EmptyPromptEnv, "reset", "non-empty list"),
+        (NeverTruncatesEnv, "truncation", "max_turns"),
+        (CloseTwiceFailsEnv, "close", "not idempotent"),
+        (NoDescriptionToolEnv, "tool schemas", "no description"),
+        (TupleResetEnv, "reset", "must return (observation, info)"),
+    ],
+)
+def test_broken_env_fails_naming_the_problem(env_cls, check, detail):
+    with pytest.raises(EnvCheckError) as excinfo:
+        check_env(env_cls())
+    message = str(excinfo.value)
+    assert f"'{check}' failed" in message
+    assert detail in message
+
+
+def test_not_a_tool_env():
+    with pytest.raises(EnvCheckError, match="'type' failed"):
+        check_env(object())
+
+
+def test_invalid_schema_is_caught_before_the_env_exists():
+    with pytest.raises(ToolDefinitionError, match="invalid JSON schema"):
+        tool(lambda x: x, name="broken", parameters={"type": "object", "required": "x"})

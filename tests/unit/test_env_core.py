@@ -1,0 +1,243 @@
+"""The ToolEnv contract: observations, terminated vs truncated, tool errors, info, async use."""
+
+from __future__ import annotations
+
+import asyncio
+
+import gymnasium
+import pytest
+from gymnasium.error import ResetNeeded
+
+from agentrl import EpisodeState, ToolEnv, tool
+from agentrl.tools import ToolCall
+
+
+@tool(inline=True)
+def add(a: int, b: int) -> int:
+    """Adds two integers.
+
+    Args:
+        a: First.
+        b: Second.
+    """
+    return a + b
+
+
+@tool
+def submit(answer: str, state: EpisodeState) -> str:
+    """Submits the final answer and ends the episode.
+
+    Args:
+        answer: The answer.
+    """
+    state.finish(answer)
+    return "submitted"
+
+
+class EchoEnv(ToolEnv):
+    """Answer with the task's number."""
+
+    tools = (add, submit)
+    default_max_turns = 3
+
+    def sample_task(self):
+        return {"target": int(self.np_random.integers(0, 1000))}
+
+    def make_prompt(self, task):
+        return [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": f"Say {task['target']}"}]
+
+    def compute_reward(self, task, final, state):
+        answer = state.answer if state.finished else final["content"]
+        return 1.0 if str(task["target"]) in str(answer) else 0.0
+
+
+def call(name, **arguments):
+    return {"role": "assistant", "content": "", "tool_calls": [{"name": name, "arguments": arguments}]}
+
+
+def test_reset_returns_task_messages_and_schemas():
+    env = EchoEnv()
+    obs, info = env.reset(seed=3)
+    assert [m["role"] for m in obs] == ["system", "user"]
+    assert info["tools"] == [add.schema, submit.schema]
+    assert info["max_turns"] == 3 and info["turn"] == 0
+    assert obs[1]["content"] == f"Say {info['task']['target']}"
+    assert env.observation_space.contains(obs)
+
+
+def test_task_from_options():
+    env = EchoEnv()
+    obs, info = env.reset(options={"task": {"target": 7}})
+    assert obs[1]["content"] == "Say 7" and info["task"] == {"target": 7}
+
+
+def test_tool_call_returns_tool_message_and_continues():
+    env = EchoEnv()
+    env.reset(options={"task": {"target": 5}})
+    obs, reward, terminated, truncated, info = env.step(call("add", a=2, b=3))
+    assert obs == [{"role": "tool", "name": "add", "content": "5"}]
+    assert (reward, terminated, truncated) == (0.0, False, False)
+    assert info["tool_calls"] == ["add"] and info["tool_errors"] == {}
+    assert info["tool_results"][0]["error"] is None
+    assert set(info["timings"]) == {"parse_s", "tools_s", "reward_s"}
+
+
+def test_turn_without_tool_calls_terminates_and_is_scored():
+    env = EchoEnv()
+    env.reset(options={"task": {"target": 5}})
+    obs, reward, terminated, truncated, _ = env.step("It is 5.")
+    assert (obs, reward, terminated, truncated) == ([], 1.0, True, False)
+    env.reset(options={"task": {"target": 5}})
+    _, reward, terminated, _, _ = env.step({"role": "assistant", "content": "It is 6."})
+    assert (reward, terminated) == (0.0, True)
+
+
+def test_tool_can_finish_the_episode():
+    env = EchoEnv()
+    env.reset(options={"task": {"target": 9}})
+    obs, reward, terminated, truncated, _ = env.step(call("submit", answer="9"))
+    assert obs[0]["content"] == "submitted"
+    assert (reward, terminated, truncated) == (1.0, True, False)
+
+
+def test_max_turns_truncates_without_scoring():
+    env = EchoEnv(max_turns=2)
+    env.reset(options={"task": {"target": 1}})
+    assert env.step(call("add", a=1, b=0))[2:4] == (False, False)
+    _, reward, terminated, truncated, _ = env.step(call("add", a=1, b=0))
+    assert (reward, terminated, truncated) == (0.0, False, True)
+    with pytest.raises(ResetNeeded):
+        env.step("more")
+
+
+def test_step_before_reset_raises():
+    with pytest.raises(ResetNeeded):
+        EchoEnv().step("hi")
+
+
+def test_raw_text_is_parsed_with_the_env_format():
+    env = EchoEnv(tool_call_format="hermes")
+    env.reset(options={"task": {"target": 4}})
+    text = env.format.render("Adding.", [ToolCall("add", {"a": 1, "b": 3})])
+    obs, _, terminated, _, _ = env.step(text)
+    assert obs[0]["content"] == "4" and not terminated
+    assert env.messages[2] == {
+        "role": "assistant", "content": "Adding.",
+        "tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 3}}],
+    }
+
+
+def test_malformed_call_becomes_parse_error_and_runs_nothing():
+    env = EchoEnv()
+    env.reset(options={"task": {"target": 4}})
+    obs, _, terminated, truncated, info = env.step('<tool_call>\n{"name": "add", "argu')
+    assert not terminated and not truncated
+    assert obs[0]["role"] == "tool" and obs[0]["content"].startswith("Error (parse_error):")
+    assert info["tool_errors"] == {"parse_error": 1}
+
+
+def test_errors_are_counted_per_step_and_per_episode():
+    env = EchoEnv()
+    env.reset(options={"task": {"target": 4}})
+    action = {"role": "assistant", "content": "", "tool_calls": [
+        {"name": "nope", "arguments": {}},
+        {"name": "add", "arguments": {"a": "x", "b": 1}},
+        {"name": "add", "arguments": "[1]"},
+        {"type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}},
+        {"oops": True},
+    ]}
+    obs, _, _, _, info = env.step(action)
+    assert [m["content"].split(":")[0] for m in obs] == [
+        "Error (unknown_tool)", "Error (schema_violation)", "Error (malformed_arguments)", "3",
+        "Error (malformed_arguments)",
+    ]
+    assert info["tool_errors"] == {"unknown_tool": 1, "schema_violation": 1, "malformed_arguments": 2}
+    _, _, _, _, info = env.step(call("nope"))
+    assert info["tool_errors"] == {"unknown_tool": 1}
+    assert info["episode_tool_errors"] == {"unknown_tool": 2, "schema_violation": 1, "malformed_arguments": 2}
+
+
+def test_seeded_reset_is_deterministic():
+    env = EchoEnv()
+    assert env.reset(seed=11)[0] == env.reset(seed=11)[0]
+
+
+def test_render_ansi_and_close_idempotent():
+    env = EchoEnv(render_mode="ansi")
+    env.reset(options={"task": {"target": 2}})
+    env.step(call("add", a=1, b=1))
+    text = env.render()
+    assert "[user] Say 2" in text and "-> add(" in text and "[tool:add] 2" in text
+    env.close()
+    env.close()
+
+
+def test_sync_api_inside_event_loop_explains_async_api():
+    env = EchoEnv()
+
+    async def main():
+        with pytest.raises(RuntimeError, match="await env.areset"):
+            env.reset()
+
+    asyncio.run(main())
+
+
+def test_many_episodes_concurrently_through_async_api():
+    async def play(seed):
+        env = EchoEnv()
+        obs, info = await env.areset(seed=seed)
+        await env.astep(call("add", a=1, b=1))
+        _, reward, terminated, _, _ = await env.astep(str(info["task"]["target"]))
+        await env.aclose()
+        return reward, terminated
+
+    async def main():
+        return await asyncio.gather(*(play(s) for s in range(20)))
+
+    assert asyncio.run(main()) == [(1.0, True)] * 20
+
+
+class ResourceEnv(EchoEnv):
+    """Counts set-up and tear-down."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.events = []
+
+    async def setup_episode(self, task):
+        self.events.append("setup")
+
+    async def teardown_episode(self):
+        self.events.append("teardown")
+
+
+def test_episode_resources_are_released_once():
+    env = ResourceEnv()
+    env.reset(seed=0)
+    env.reset(seed=1)  # the first episode is abandoned: torn down
+    env.step("done")  # terminated: torn down
+    env.close()  # nothing open: no extra teardown
+    env.reset(seed=2)
+    env.close()
+    assert env.events == ["setup", "teardown", "setup", "teardown", "setup", "teardown"]
+
+
+def test_abstract_hooks_are_required():
+    class Incomplete(ToolEnv):
+        def make_prompt(self, task):
+            return []
+
+    with pytest.raises(TypeError, match="compute_reward"):
+        Incomplete()
+
+
+def test_invalid_constructor_arguments():
+    with pytest.raises(ValueError, match="max_turns"):
+        EchoEnv(max_turns=0)
+    with pytest.raises(ValueError, match="Unknown|unknown|known"):
+        EchoEnv(tool_call_format="nope")
+
+
+def test_is_a_gymnasium_env():
+    assert isinstance(EchoEnv(), gymnasium.Env)

@@ -1,0 +1,92 @@
+"""register_env / make_env / gymnasium.make / module:id lookup / close-match errors."""
+
+from __future__ import annotations
+
+import gymnasium
+import pytest
+
+import agentrl
+from agentrl.env import registry
+from agentrl.errors import EnvRegistrationError, UnknownEnvError
+from agentrl_envs.calc import CalcEnv
+
+
+@pytest.fixture
+def clean_registry(monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    yield registry._REGISTRY
+
+
+def test_builtin_calc_is_registered():
+    ids = [spec.id for spec in agentrl.list_envs()]
+    assert "calc-v0" in ids
+    env = agentrl.make_env("calc")
+    assert isinstance(env, CalcEnv) and env.env_id == "calc-v0"
+
+
+def test_unversioned_id_resolves_to_latest(clean_registry):
+    agentrl.register_env("demo-v1", entry_point="agentrl_envs.calc:CalcEnv", max_turns=2)
+    agentrl.register_env("demo-v3", entry_point="agentrl_envs.calc:CalcEnv", max_turns=3)
+    assert agentrl.env_spec("demo").id == "demo-v3"
+    assert agentrl.make_env("demo").max_turns == 3
+    assert agentrl.make_env("demo-v1").max_turns == 2
+    assert agentrl.make_env("demo-v1", max_turns=7).max_turns == 7
+
+
+def test_unknown_id_suggests_close_matches():
+    with pytest.raises(UnknownEnvError, match="Did you mean 'calc'"):
+        agentrl.make_env("calx")
+    with pytest.raises(UnknownEnvError, match="agentrl list-envs"):
+        agentrl.make_env("zzzzzzzzzz")
+
+
+def test_module_prefix_imports_user_module(tmp_path, monkeypatch, clean_registry):
+    (tmp_path / "user_envs_mod.py").write_text(
+        "import agentrl\n"
+        "agentrl.register_env('user-calc-v0', entry_point='agentrl_envs.calc:CalcEnv')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert isinstance(agentrl.make_env("user_envs_mod:user-calc"), CalcEnv)
+
+
+def test_missing_module_is_a_clear_error():
+    with pytest.raises(EnvRegistrationError, match="cannot import module 'no_such_mod_xyz'"):
+        agentrl.make_env("no_such_mod_xyz:thing")
+
+
+@pytest.mark.parametrize("bad_id", ["", "has space", "a/b/c", "x:y"])
+def test_invalid_ids_rejected(bad_id, clean_registry):
+    with pytest.raises(EnvRegistrationError, match="invalid env id"):
+        agentrl.register_env(bad_id, entry_point="agentrl_envs.calc:CalcEnv")
+
+
+def test_duplicate_registration(clean_registry):
+    agentrl.register_env("dup-v0", entry_point="agentrl_envs.calc:CalcEnv")
+    agentrl.register_env("dup-v0", entry_point="agentrl_envs.calc:CalcEnv")  # same spec: fine
+    with pytest.raises(EnvRegistrationError, match="already registered"):
+        agentrl.register_env("dup-v0", entry_point="other.module:Env")
+
+
+def test_bad_entry_point(clean_registry):
+    with pytest.raises(EnvRegistrationError, match="package.module:ClassName"):
+        agentrl.register_env("bad-v0", entry_point="no_colon")
+    agentrl.register_env("bad-v1", entry_point="agentrl_envs.calc:Missing")
+    with pytest.raises(EnvRegistrationError, match="cannot load entry point"):
+        agentrl.make_env("bad-v1")
+    agentrl.register_env("bad-v2", entry_point="builtins:dict")
+    with pytest.raises(EnvRegistrationError, match="not an agentrl.ToolEnv"):
+        agentrl.make_env("bad-v2")
+
+
+def test_gymnasium_make_reaches_the_same_env():
+    agentrl.list_envs()  # loads the built-ins
+    env = gymnasium.make("agentrl/calc-v0", max_turns=2)
+    assert isinstance(env.unwrapped, CalcEnv) and env.unwrapped.max_turns == 2
+    obs, info = env.reset(seed=0)
+    assert obs[0]["role"] == "system"
+    env.close()
+
+
+def test_gymnasium_module_syntax():
+    env = gymnasium.make("agentrl_envs:agentrl/calc-v0")
+    assert isinstance(env.unwrapped, CalcEnv)
