@@ -1,0 +1,12 @@
+"""``calc``: arithmetic word problems solved with a calculator tool.
+
+Tasks are generated from a seed (2-3 operations of ``+ - *`` on 1..50, as plain expressions or
+short word problems). The train/test split is a fixed function of the question text, so the two
+never overlap whatever the seed. Reward is 1.0 when the final assistant message says
+``Answer: N`` with the right integer, else 0.0.
+"""
+
+from agentrl_envs.calc.env import CalcEnv, calc_oracle
+from agentrl_envs.calc.tasks import generate_task, load_tasks, split_of
+
+__all__ = ["CalcEnv", "calc_oracle", "generate_task", "load_tasks", "split_of"]
