@@ -15,13 +15,15 @@ TESTS_DIR = Path(__file__).parent
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    cuda_reason = _cuda_missing_reason()
     for item in items:
         parts = Path(item.fspath).relative_to(TESTS_DIR).parts
         tier = parts[0] if parts and parts[0] in TIERS else None
         if tier and not item.get_closest_marker(tier):
             item.add_marker(getattr(pytest.mark, tier))
-        if item.get_closest_marker("gpu") and cuda_reason:
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    cuda_reason = _cuda_missing_reason() if gpu_items else None  # torch imports only if needed
+    for item in gpu_items:
+        if cuda_reason:
             item.add_marker(pytest.mark.skip(reason=cuda_reason))
 
 
