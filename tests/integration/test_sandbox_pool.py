@@ -1,0 +1,167 @@
+"""SandboxPool: admission control with backpressure, pre-warming, reaping, no leaks."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from agentrl.sandbox import Limits, SandboxPool, create_sandbox, reap_leftovers, resolve_backend
+from agentrl.sandbox._procs import UID_BASE, allocate_uid, sandbox_root
+from agentrl.sandbox.base import SandboxUnavailableError
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+IS_ROOT = os.geteuid() == 0
+
+
+def bwrap_pool(**kwargs) -> SandboxPool:
+    return SandboxPool(lambda: create_sandbox("bwrap", Limits(timeout_s=10)), **kwargs)
+
+
+def _snapshot() -> dict[str, set]:
+    """What sandboxes could leak: workspaces, tmpfs mounts, processes of sandbox uids."""
+    root = sandbox_root()
+    workspaces = set(os.listdir(root)) if os.path.isdir(root) else set()
+    with open("/proc/self/mounts") as f:
+        mounts = {line.split()[1] for line in f if root in line}
+    procs = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid >= UID_BASE:
+                    procs.add(entry)
+            except OSError:
+                pass
+    return {"workspaces": workspaces, "mounts": mounts, "processes": procs}
+
+
+@needs_bwrap
+def test_admission_control_waits_instead_of_failing():
+    pool = bwrap_pool(max_concurrent=2)
+    peak = 0
+    in_use = 0
+
+    async def episode(i):
+        nonlocal peak, in_use
+        async with pool.sandbox() as sandbox:
+            in_use += 1
+            peak = max(peak, in_use)
+            result = await sandbox.exec(f"sleep 0.2; echo {i}")
+            in_use -= 1
+            return result.stdout.strip()
+
+    async def main():
+        async with pool:
+            return await asyncio.gather(*(episode(i) for i in range(6)))
+
+    start = time.perf_counter()
+    assert asyncio.run(main()) == [str(i) for i in range(6)]
+    assert peak == 2
+    assert time.perf_counter() - start >= 0.55  # three waves of 0.2 s
+
+
+@needs_bwrap
+def test_prewarmed_sandboxes_are_ready_and_refilled():
+    pool = bwrap_pool(max_concurrent=4, prewarm=2)
+
+    async def main():
+        async with pool:
+            assert pool.stats["warm"] == 2
+            start = time.perf_counter()
+            sandbox = await pool.acquire()
+            acquire_s = time.perf_counter() - start
+            assert sandbox.workspace and os.path.isdir(sandbox.workspace)
+            await pool.release(sandbox)
+            await asyncio.sleep(0.3)
+            return acquire_s, pool.stats
+
+    acquire_s, stats = asyncio.run(main())
+    assert acquire_s < 0.05
+    assert stats == {"in_use": 0, "waiting": 0, "warm": 2}
+
+
+@needs_bwrap
+def test_episodes_get_fresh_workspaces():
+    pool = bwrap_pool(max_concurrent=1)
+
+    async def main():
+        async with pool:
+            async with pool.sandbox() as first:
+                await first.write_file("note.txt", "from episode 1")
+            async with pool.sandbox() as second:
+                return (await second.exec("ls")).stdout
+
+    assert asyncio.run(main()) == ""
+
+
+@needs_bwrap
+def test_release_of_foreign_sandbox_rejected():
+    async def main():
+        async with bwrap_pool() as pool:
+            with pytest.raises(ValueError, match="not acquired from this pool"):
+                await pool.release(create_sandbox("bwrap"))
+
+    asyncio.run(main())
+
+
+@needs_bwrap
+@pytest.mark.skipif(not IS_ROOT, reason="leftover mounts and uids exist only when running as root")
+def test_reaper_removes_leftovers_of_a_dead_run(tmp_path):
+    # A dead run: a process that exited, whose workspace (a tmpfs mount), uid claim and a
+    # process under that uid were left behind, as after a SIGKILL of the trainer.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    workspace = os.path.join(sandbox_root(), f"ws-{dead.pid}-crashed")
+    os.makedirs(workspace)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "agentrl-ws", workspace], check=True)
+    uid = allocate_uid()
+    claim = os.path.join(sandbox_root(), "uids", str(uid))
+    with open(claim, "w") as f:
+        f.write(str(dead.pid))
+    orphan = subprocess.Popen(["sleep", "300"], user=uid, group=uid, start_new_session=True)
+    removed = reap_leftovers()
+    orphan.wait(timeout=5)
+    assert removed["workspaces"] >= 1 and removed["uids"] >= 1
+    assert not os.path.exists(workspace) and not os.path.exists(claim)
+    assert orphan.returncode == -9
+
+
+@needs_bwrap
+def test_500_episodes_leave_nothing_behind():
+    before = _snapshot()
+    pool = bwrap_pool(max_concurrent=8, prewarm=2)
+
+    async def episode(i):
+        async with pool.sandbox() as sandbox:
+            await sandbox.write_file("x.txt", str(i))
+            if i % 25 == 0:  # some episodes leave background processes running
+                await sandbox.exec("setsid sleep 300 & echo started")
+                shell = await sandbox.open_shell()
+                await shell.run("sleep 300 &")
+
+    async def main():
+        async with pool:
+            await asyncio.gather(*(episode(i) for i in range(500)))
+
+    asyncio.run(main())
+    after = _snapshot()
+    for kind in ("workspaces", "mounts", "processes"):
+        assert after[kind] <= before[kind], f"leaked {kind}: {after[kind] - before[kind]}"
+
+
+def test_auto_backend_explains_how_to_fix(monkeypatch):
+    import agentrl.sandbox as sandbox_pkg
+
+    monkeypatch.setattr(sandbox_pkg, "_docker_reason", lambda: "connection refused")
+    monkeypatch.setattr(sandbox_pkg.shutil, "which", lambda name: None)
+    with pytest.raises(SandboxUnavailableError) as excinfo:
+        resolve_backend("auto")
+    message = str(excinfo.value)
+    assert "apt-get install bubblewrap" in message and "scripts/dockerd.sh start" in message
+    assert "--sandbox process" in message and "connection refused" in message
+    with pytest.raises(ValueError, match="unknown sandbox backend"):
+        resolve_backend("vm")
