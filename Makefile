@@ -1,6 +1,6 @@
 # Set-up and entry points. Every target installs what it needs first (idempotent).
 #   make demo   - the main job (see README)
-#   make test   - every CPU test tier
+#   make test   - every CPU test tier (as root it also installs bubblewrap and Docker)
 #   make lint   - ruff
 #   make bench  - the benchmarks in bench/
 
@@ -9,7 +9,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-unit lint bench clean
+.PHONY: setup system demo test test-unit lint bench clean
 
 setup: $(STAMP)
 
@@ -22,10 +22,14 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
+# Sandbox back-ends: bubblewrap, the Docker engine (a private daemon) and its base image.
+system: setup
+	scripts/setup-system.sh
+
 demo: setup
 	$(PY) examples/calc_episode.py --episodes 2
 
-test: setup
+test: setup system
 	$(PY) -m pytest
 
 test-unit: setup
@@ -34,8 +38,9 @@ test-unit: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 
-bench: setup
+bench: setup system
 	$(PY) bench/env_overhead.py
+	$(PY) bench/sandbox.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -90,7 +90,10 @@ async def bench_pool_acquire(samples: int = 40) -> float:
     times = []
     async with pool:
         for _ in range(samples):
+            deadline = time.perf_counter() + 10
             while pool.stats["warm"] < pool.prewarm:  # measure the warm path, as in steady state
+                if time.perf_counter() > deadline:
+                    raise RuntimeError(f"the pool did not refill (refill errors: {pool.refill_errors})")
                 await asyncio.sleep(0.005)
             start = time.perf_counter()
             sandbox = await pool.acquire()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ from agentrl.sandbox import _procs
 from agentrl.sandbox.base import Sandbox
 
 SandboxFactory = Callable[[], Sandbox]
+logger = logging.getLogger(__name__)
 
 
 class SandboxPool:
@@ -54,6 +56,8 @@ class SandboxPool:
         self._in_use: set[Sandbox] = set()
         self._refills: set[asyncio.Task[None]] = set()
         self._waiting = 0
+        self.refill_errors = 0
+        """Pre-warm starts that failed (each is logged); acquire starts sandboxes itself then."""
         self._started = False
         self._closed = False
 
@@ -84,7 +88,15 @@ class SandboxPool:
             return
         task = asyncio.get_running_loop().create_task(self._add_warm())
         self._refills.add(task)
-        task.add_done_callback(self._refills.discard)
+        task.add_done_callback(self._refill_done)
+
+    def _refill_done(self, task: asyncio.Task[None]) -> None:
+        self._refills.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # acquire() still works (it starts a sandbox itself when none is warm); say why the
+            # warm queue is short instead of failing an episode for it.
+            self.refill_errors += 1
+            logger.warning("pre-warming a sandbox failed: %r", task.exception())
 
     async def acquire(self) -> Sandbox:
         """A started sandbox for one episode; waits while ``max_concurrent`` are in use."""

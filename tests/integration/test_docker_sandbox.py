@@ -145,6 +145,22 @@ def test_shell_session_keeps_state_and_restarts_after_timeout(run, sandbox):
         run(shell.close())
 
 
+def test_shell_exit_is_reaped_by_asyncio_only(run, sandbox, caplog):
+    """The ``docker exec`` client of an ended shell is killed by pid, not with
+    ``Process.kill()``, whose poll() would reap it behind asyncio's child watcher ("Unknown
+    child process pid N, will report returncode 255")."""
+    caplog.set_level("WARNING", logger="asyncio")
+    shell = run(sandbox.open_shell())
+    try:
+        for _ in range(3):
+            r = run(shell.run("exit 3"))
+            assert r.exit_code is None and "shell exited" in r.stderr
+        assert run(shell.run("echo again")).stdout.endswith("again\n")
+    finally:
+        run(shell.close())
+    assert not [rec for rec in caplog.records if "Unknown child" in rec.getMessage()]
+
+
 def test_timeout_kills_setsid_grandchild_holding_the_pipe(run, sandbox):
     start = time.monotonic()
     r = run(sandbox.exec("setsid sh -c 'sleep 301; echo late' & echo started; sleep 300",
