@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.sandbox import Limits, SandboxError, create_sandbox
+from tests.support.sandboxes import backend_skip_reason
 
 IS_ROOT = os.geteuid() == 0
 REPO = Path(__file__).resolve().parents[2]
@@ -26,20 +26,6 @@ REPO = Path(__file__).resolve().parents[2]
 ISOLATING = ("bwrap", "docker")
 ALL = ("bwrap", "docker", "process")
 ROOT_ONLY_PROCESS = ALL if IS_ROOT else ISOLATING
-
-
-def backend_skip_reason(name: str) -> str | None:
-    if name == "bwrap" and shutil.which("bwrap") is None:
-        return "bwrap backend: bubblewrap is not installed (apt-get install bubblewrap)"
-    if name == "docker":
-        try:
-            from agentrl.sandbox.docker import docker_unavailable_reason
-        except ImportError as exc:
-            return f"docker backend: cannot import the docker SDK: {exc}"
-        reason = docker_unavailable_reason()
-        if reason is not None:
-            return f"docker backend: {reason}"
-    return None
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +164,7 @@ def test_memory_bomb_killed(box_factory, backend):
     assert box.exec("echo alive").stdout.strip() == "alive"
 
 
-@pytest.mark.parametrize("backend", params(("bwrap", "process")))
+@pytest.mark.parametrize("backend", params(ALL))
 def test_cpu_time_limit(box_factory, backend):
     box = box_factory(backend, cpu_s=1)
     start = time.perf_counter()

@@ -13,6 +13,7 @@ import pytest
 from agentrl.sandbox import Limits, SandboxPool, create_sandbox, reap_leftovers, resolve_backend
 from agentrl.sandbox._procs import UID_BASE, allocate_uid, sandbox_root
 from agentrl.sandbox.base import SandboxUnavailableError
+from tests.support.sandboxes import backend_skip_reason
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 IS_ROOT = os.geteuid() == 0
@@ -23,11 +24,12 @@ def bwrap_pool(**kwargs) -> SandboxPool:
 
 
 def _snapshot() -> dict[str, set]:
-    """What sandboxes could leak: workspaces, tmpfs mounts, processes of sandbox uids."""
+    """What sandboxes could leak: workspaces, mounts (tmpfs, loop), processes of sandbox uids,
+    and sandbox containers."""
     root = sandbox_root()
     workspaces = set(os.listdir(root)) if os.path.isdir(root) else set()
     with open("/proc/self/mounts") as f:
-        mounts = {line.split()[1] for line in f if root in line}
+        mounts = {line.split()[1] for line in f if "agentrl" in line}
     procs = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -36,7 +38,13 @@ def _snapshot() -> dict[str, set]:
                     procs.add(entry)
             except OSError:
                 pass
-    return {"workspaces": workspaces, "mounts": mounts, "processes": procs}
+    containers = set()
+    if backend_skip_reason("docker") is None:
+        from agentrl.sandbox.docker import get_client
+
+        containers = {c.id for c in get_client().containers.list(
+            all=True, filters={"label": "agentrl.sandbox=1"})}
+    return {"workspaces": workspaces, "mounts": mounts, "processes": procs, "containers": containers}
 
 
 @needs_bwrap
@@ -130,18 +138,21 @@ def test_reaper_removes_leftovers_of_a_dead_run(tmp_path):
     assert orphan.returncode == -9
 
 
-@needs_bwrap
-def test_500_episodes_leave_nothing_behind():
+@pytest.mark.parametrize("backend", [
+    pytest.param(b, marks=pytest.mark.skipif(bool(r := backend_skip_reason(b)), reason=r or ""))
+    for b in ("bwrap", "docker", "process")
+])
+def test_500_episodes_leave_nothing_behind(backend):
     before = _snapshot()
-    pool = bwrap_pool(max_concurrent=8, prewarm=2)
+    pool = SandboxPool(lambda: create_sandbox(backend, Limits(timeout_s=10)), max_concurrent=8, prewarm=2)
 
     async def episode(i):
         async with pool.sandbox() as sandbox:
             await sandbox.write_file("x.txt", str(i))
             if i % 25 == 0:  # some episodes leave background processes running
-                await sandbox.exec("setsid sleep 300 & echo started")
+                await sandbox.exec("setsid sleep 300 > /dev/null 2>&1 < /dev/null & echo started")
                 shell = await sandbox.open_shell()
-                await shell.run("sleep 300 &")
+                await shell.run("sleep 300 > /dev/null 2>&1 &")
 
     async def main():
         async with pool:
@@ -149,7 +160,7 @@ def test_500_episodes_leave_nothing_behind():
 
     asyncio.run(main())
     after = _snapshot()
-    for kind in ("workspaces", "mounts", "processes"):
+    for kind in ("workspaces", "mounts", "processes", "containers"):
         assert after[kind] <= before[kind], f"leaked {kind}: {after[kind] - before[kind]}"
 
 
