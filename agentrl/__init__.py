@@ -10,6 +10,7 @@ The public surface users write code against:
 from agentrl import errors
 from agentrl.env import (
     EpisodeState,
+    SandboxedToolEnv,
     ToolEnv,
     check_env,
     env_spec,
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 __all__ = [
     "EpisodeState",
     "Injected",
+    "SandboxedToolEnv",
     "Tool",
     "ToolCall",
     "ToolEnv",

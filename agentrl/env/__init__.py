@@ -14,6 +14,7 @@ from agentrl.env.registry import (
     make_env,
     register_env,
 )
+from agentrl.env.sandboxed import SandboxedToolEnv, shared_pool
 
 __all__ = [
     "CHECKS",
@@ -23,6 +24,7 @@ __all__ = [
     "EpisodeState",
     "Message",
     "MessageList",
+    "SandboxedToolEnv",
     "ToolEnv",
     "check_env",
     "env_spec",
@@ -31,4 +33,5 @@ __all__ = [
     "make_env",
     "message_problem",
     "register_env",
+    "shared_pool",
 ]

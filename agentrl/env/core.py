@@ -22,7 +22,7 @@ import gymnasium
 from gymnasium.error import ResetNeeded
 
 from agentrl.env.messages import AssistantTurn, Message, MessageList, message_problem
-from agentrl.errors import MalformedArgumentsError, ToolCallParseError, ToolErrorKind
+from agentrl.errors import AgentRLError, MalformedArgumentsError, ToolCallParseError, ToolErrorKind
 from agentrl.tools.calls import ToolCall
 from agentrl.tools.formats import ToolCallFormat, get_format
 from agentrl.tools.tool import Injected, Tool
@@ -165,6 +165,22 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
     ) -> float:
         """Scores a terminated episode. ``final`` is the last assistant message (with parsed
         ``tool_calls`` if the episode ended through :meth:`EpisodeState.finish`)."""
+
+    def task_set(self, split: str = "test", limit: int | None = None) -> list[dict[str, Any]]:
+        """The env's fixed tasks of ``split`` (for evaluation and data sources), in a stable
+        order; ``limit`` takes the first ones. Envs without a fixed task set raise."""
+        raise AgentRLError(
+            f"{type(self).__name__} has no task set; evaluate it on seeds (reset(seed=i)) instead"
+        )
+
+    def oracle_action(self, task: Mapping[str, Any], history: Sequence[Message]) -> Action:
+        """The scripted expert's next turn given the conversation so far (graders are tested
+        with it: it must reach >= 95% success). Envs without an oracle raise."""
+        raise AgentRLError(f"{type(self).__name__} has no scripted oracle")
+
+    def null_action(self, task: Mapping[str, Any], history: Sequence[Message]) -> Action:
+        """A policy that does no work: it answers at once, with no tool call."""
+        return {"role": "assistant", "content": ""}
 
     async def setup_episode(self, task: Mapping[str, Any]) -> None:
         """Acquires per-episode resources (sandboxes, workspaces) after a task is chosen."""

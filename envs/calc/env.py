@@ -8,7 +8,7 @@ from typing import Any
 
 from agentrl import EpisodeState, ToolEnv
 from agentrl.tools import ToolCall
-from agentrl_envs.calc.tasks import SPLITS, sample_task
+from agentrl_envs.calc.tasks import SPLITS, load_tasks, sample_task
 from agentrl_tools.calculator import calculator
 
 SYSTEM_PROMPT = (
@@ -48,6 +48,12 @@ class CalcEnv(ToolEnv):
     def compute_reward(self, task: Mapping[str, Any], final: Mapping[str, Any], state: EpisodeState) -> float:
         answers = _ANSWER_RE.findall(final.get("content", ""))
         return 1.0 if answers and int(answers[-1]) == int(task["answer"]) else 0.0
+
+    def task_set(self, split: str = "test", limit: int | None = None) -> list[dict[str, Any]]:
+        return load_tasks(split, 1000 if limit is None else limit)
+
+    def oracle_action(self, task: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> str:
+        return calc_oracle(self, task, history)
 
 
 def calc_oracle(env: ToolEnv, task: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> str:
