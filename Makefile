@@ -20,6 +20,7 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 	$(PY) -m pip install --quiet "torch==2.13.0"
 	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet --no-deps "bfcl-eval==2026.3.23"
 	touch $@
 
 # Sandbox back-ends: bubblewrap, the Docker engine (a private daemon) and its base image.

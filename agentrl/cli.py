@@ -1,4 +1,4 @@
-"""The ``agentrl`` command line: ``agentrl list-envs``, ``agentrl check-env ID``."""
+"""The ``agentrl`` command line: ``list-envs``, ``check-env ID``, ``eval --env ID``."""
 
 from __future__ import annotations
 
@@ -52,6 +52,23 @@ def _cmd_check_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_eval(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from agentrl.eval.runner import evaluate, format_table, write_outputs
+
+    result, records = asyncio.run(evaluate(
+        args.env, policy=args.policy, split=args.split, limit=args.limit,
+        n_samples=args.n_samples, concurrency=args.concurrency,
+        env_kwargs=_parse_kwargs(args.env_kwarg),
+    ))
+    print(format_table(result))
+    if args.output:
+        episodes = write_outputs(args.output, result, records)
+        print(f"wrote {args.output} and {episodes}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``agentrl`` command."""
     parser = argparse.ArgumentParser(prog="agentrl", description=__doc__)
@@ -69,6 +86,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="constructor argument (VALUE parsed as JSON when possible); repeatable",
     )
     p.set_defaults(func=_cmd_check_env)
+
+    p = sub.add_parser("eval", help="evaluate a policy on an environment's tasks")
+    p.add_argument("--env", required=True, help="env id: NAME, NAME-vN, or MODULE:NAME")
+    p.add_argument("--split", default="test", help="task split (default: test)")
+    p.add_argument("--limit", type=int, default=None, help="first N tasks of the split")
+    p.add_argument("--n-samples", type=int, default=1, help="episodes per task (pass@k)")
+    p.add_argument("--policy", default="oracle", help="oracle | null")
+    p.add_argument("--concurrency", type=int, default=8, help="episodes played at once")
+    p.add_argument("--output", default=None, help="summary JSON path (episodes JSONL beside it)")
+    p.add_argument(
+        "--env-kwarg", action="append", default=[], metavar="KEY=VALUE",
+        help="constructor argument (VALUE parsed as JSON when possible); repeatable",
+    )
+    p.set_defaults(func=_cmd_eval)
     return parser
 
 

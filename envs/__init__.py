@@ -12,3 +12,21 @@ register_env(
     entry_point="agentrl_envs.calc:CalcEnv",
     description="Arithmetic word problems with a calculator tool; reward 1 for the right answer.",
 )
+register_env(
+    "humaneval-v0",
+    entry_point="agentrl_envs.humaneval:HumanEvalEnv",
+    description="HumanEval (164 problems) with a sandboxed python tool; reward 1 when the "
+    "hidden tests pass.",
+)
+register_env(
+    "bfcl-v0",
+    entry_point="agentrl_envs.bfcl:BfclEnv",
+    description="BFCL function calling (simple, multiple, parallel, parallel_multiple); the "
+    "first turn's calls are graded under BFCL's AST rules.",
+)
+register_env(
+    "math-python-v0",
+    entry_point="agentrl_envs.math_python:MathPythonEnv",
+    description="reasoning-gym math word problems with a sandboxed python tool; reward from "
+    "the generator's own scorer.",
+)

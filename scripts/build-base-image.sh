@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the Docker sandbox base image (agentrl-base:bookworm-py3) when the daemon lacks it, so
+# Builds the Docker sandbox base image (agentrl-base:bookworm-py3-v2) when the daemon lacks it, so
 # that CI pays for debootstrap once, before the tests. Needs root and a running daemon
 # (scripts/dockerd.sh start). Extra arguments go to `python -m agentrl.sandbox.images`
 # (--tag, --docker-host, --force). Reads the Debian archive from this machine's apt sources;

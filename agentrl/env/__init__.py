@@ -14,7 +14,7 @@ from agentrl.env.registry import (
     make_env,
     register_env,
 )
-from agentrl.env.sandboxed import SandboxedToolEnv, shared_pool
+from agentrl.env.sandboxed import SandboxedToolEnv, register_episode_resource, shared_pool
 
 __all__ = [
     "CHECKS",
@@ -33,5 +33,6 @@ __all__ = [
     "make_env",
     "message_problem",
     "register_env",
+    "register_episode_resource",
     "shared_pool",
 ]

@@ -187,7 +187,9 @@ def _list_sandboxes(client: Any, labels: list[str]) -> list[Any]:
     import docker.errors
 
     try:
-        return client.containers.list(all=True, filters={"label": [f"{SANDBOX_LABEL}=1", *labels]})
+        return client.containers.list(
+            all=True, ignore_removed=True, filters={"label": [f"{SANDBOX_LABEL}=1", *labels]}
+        )
     except docker.errors.DockerException as exc:
         raise SandboxUnavailableError(f"cannot list containers: {exc}") from exc
 

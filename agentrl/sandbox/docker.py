@@ -142,7 +142,7 @@ class DockerSandbox(Sandbox):
 
     Args:
         limits: Resource limits.
-        image: Image to run (default: the locally built ``agentrl-base:bookworm-py3``). It
+        image: Image to run (default: the locally built ``agentrl-base:bookworm-py3-v2``). It
             needs ``timeout`` (coreutils) and ``sh``; ``python3`` for the runner and the
             timeout sweep (without it every command is a docker exec and every timeout
             restarts the container); ``bash`` for :meth:`open_shell`.

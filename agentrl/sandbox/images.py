@@ -1,9 +1,10 @@
 """The base image of the Docker sandboxes, built locally without any container registry.
 
 :func:`ensure_base_image` returns the image tag, building it when the daemon lacks it: a Debian
-``bookworm`` root file system made by ``debootstrap --variant=minbase`` (Python 3, bash, coreutils
-and procps), tarred and ``docker import``-ed. Debian's package archive is the only thing reached;
-its address is read from this machine's own apt configuration (or ``AGENTRL_DEBIAN_MIRROR``).
+``bookworm`` root file system made by ``debootstrap --variant=minbase`` (Python 3 with pytest,
+bash, coreutils and procps), tarred and ``docker import``-ed. Debian's package archive is the
+only thing reached; its address is read from this machine's own apt configuration (or
+``AGENTRL_DEBIAN_MIRROR``).
 
 Building needs root (debootstrap) and takes about a minute; an ``fcntl`` lock file makes
 concurrent builders on one machine wait for each other instead of racing. CI prebuilds it with
@@ -26,9 +27,9 @@ from typing import Any
 
 from agentrl.sandbox.base import SandboxUnavailableError
 
-DEFAULT_IMAGE = "agentrl-base:bookworm-py3"
+DEFAULT_IMAGE = "agentrl-base:bookworm-py3-v2"
 SUITE = "bookworm"
-INCLUDE = ("python3-minimal", "bash", "coreutils", "procps")
+INCLUDE = ("python3-minimal", "python3-pytest", "bash", "coreutils", "procps")
 IMAGE_CHANGES = [
     "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "ENV LANG=C.UTF-8",

@@ -100,3 +100,18 @@ def test_readme_example_runs(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("reward 1.0") == 3
+
+
+def test_eval_command_writes_summary_and_episodes(tmp_path):
+    out = tmp_path / "calc.json"
+    result = _agentrl(
+        ["eval", "--env", "calc", "--limit", "10", "--n-samples", "2", "--policy", "oracle",
+         "--output", str(out)], tmp_path, tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "success rate" in result.stdout and "pass@2" in result.stdout
+    summary = json.loads(out.read_text())
+    assert summary["success_rate"] == 1.0 and summary["n_episodes"] == 20
+    assert (tmp_path / "calc.episodes.jsonl").read_text().count("\n") == 20
+    bad = _agentrl(["eval", "--env", "calc", "--policy", "nope"], tmp_path, tmp_path)
+    assert bad.returncode == 1 and "choose 'oracle' or 'null'" in bad.stderr

@@ -42,7 +42,7 @@ def _snapshot() -> dict[str, set]:
     if backend_skip_reason("docker") is None:
         from agentrl.sandbox.docker import get_client
 
-        containers = {c.id for c in get_client().containers.list(
+        containers = {c.id for c in get_client().containers.list(ignore_removed=True,
             all=True, filters={"label": "agentrl.sandbox=1"})}
     return {"workspaces": workspaces, "mounts": mounts, "processes": procs, "containers": containers}
 

@@ -1,0 +1,11 @@
+"""``math-python``: reasoning-gym word problems solved with a sandboxed ``python`` tool.
+
+Tasks come from reasoning-gym's procedural generators (offline, deterministic train/test
+splits); the model answers ``Answer: X`` and the reward is the generator's own
+``score_answer``.
+"""
+
+from agentrl_envs.math_python.env import MathPythonEnv, extract_answer
+from agentrl_envs.math_python.tasks import DEFAULT_GENERATORS, load_tasks, score_answer
+
+__all__ = ["DEFAULT_GENERATORS", "MathPythonEnv", "extract_answer", "load_tasks", "score_answer"]
