@@ -42,6 +42,7 @@ lint: setup
 bench: setup system
 	$(PY) bench/env_overhead.py
 	$(PY) bench/sandbox.py
+	$(PY) bench/swe_tools.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -30,3 +30,15 @@ register_env(
     description="reasoning-gym math word problems with a sandboxed python tool; reward from "
     "the generator's own scorer.",
 )
+register_env(
+    "swe-tools-v0",
+    entry_point="agentrl_envs.swe_tools:SweToolsEnv",
+    description="Fix an injected bug in a small real Python project (stdlib module + CPython "
+    "tests) with bash/editor/search/run_tests/submit; reward 1 when the hidden tests pass.",
+)
+register_env(
+    "swe-bench-v0",
+    entry_point="agentrl_envs.swe_tools:SweBenchEnv",
+    description="SWE-bench-format instances in their Docker images; graded like the official "
+    "harness (test_patch applied, FAIL_TO_PASS and PASS_TO_PASS must pass).",
+)

@@ -75,9 +75,22 @@ class SandboxPool:
             await asyncio.to_thread(reap_leftovers)
         await asyncio.gather(*(self._add_warm() for _ in range(self.prewarm)))
 
-    async def _add_warm(self) -> None:
+    async def _new_started(self) -> Sandbox:
+        """A new started sandbox; one whose start fails or is cancelled (pool closing, caller
+        cancelled) is closed, after its start has finished, so nothing it made is left."""
         sandbox = self._factory()
-        await sandbox.start()
+        start = asyncio.ensure_future(sandbox.start())
+        try:
+            await asyncio.shield(start)
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                await start  # a mount or container create may still be finishing
+            await asyncio.shield(sandbox.close())
+            raise
+        return sandbox
+
+    async def _add_warm(self) -> None:
+        sandbox = await self._new_started()
         if self._closed:
             await sandbox.close()
         else:
@@ -112,8 +125,7 @@ class SandboxPool:
             if not self._warm.empty():
                 sandbox = self._warm.get_nowait()
             else:
-                sandbox = self._factory()
-                await sandbox.start()
+                sandbox = await self._new_started()
         except BaseException:
             self._slots.release()
             raise

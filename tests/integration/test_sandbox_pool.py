@@ -11,7 +11,7 @@ import time
 import pytest
 
 from agentrl.sandbox import Limits, SandboxPool, create_sandbox, reap_leftovers, resolve_backend
-from agentrl.sandbox._procs import UID_BASE, allocate_uid, sandbox_root
+from agentrl.sandbox._procs import allocate_uid, sandbox_root
 from agentrl.sandbox.base import SandboxUnavailableError
 from tests.support.sandboxes import backend_skip_reason
 
@@ -23,28 +23,61 @@ def bwrap_pool(**kwargs) -> SandboxPool:
     return SandboxPool(lambda: create_sandbox("bwrap", Limits(timeout_s=10)), **kwargs)
 
 
+ALLOCATED_UIDS: set[int] = set()
+"""Uids handed to this process's sandboxes during a test (recorded by ``record_uids``)."""
+
+
+def _owner(pid: str) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+@pytest.fixture
+def record_uids(monkeypatch):
+    from agentrl.sandbox import _procs
+
+    real = _procs.allocate_uid
+
+    def recording() -> int:
+        uid = real()
+        ALLOCATED_UIDS.add(uid)
+        return uid
+
+    monkeypatch.setattr(_procs, "allocate_uid", recording)
+    yield ALLOCATED_UIDS
+    ALLOCATED_UIDS.clear()
+
+
 def _snapshot() -> dict[str, set]:
-    """What sandboxes could leak: workspaces, mounts (tmpfs, loop), processes of sandbox uids,
-    and sandbox containers."""
+    """What this process's sandboxes could leak: workspaces, mounts (tmpfs, loop), uid claims,
+    processes of sandbox uids, and containers labelled with this pid. Only this process's own
+    things count, so sandboxes of other programs running at the same time do not matter."""
+    me = str(os.getpid())
     root = sandbox_root()
-    workspaces = set(os.listdir(root)) if os.path.isdir(root) else set()
+    workspaces = {n for n in os.listdir(root) if n.startswith(f"ws-{me}-")} if os.path.isdir(root) else set()
     with open("/proc/self/mounts") as f:
-        mounts = {line.split()[1] for line in f if "agentrl" in line}
-    procs = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.stat(f"/proc/{entry}").st_uid >= UID_BASE:
-                    procs.add(entry)
-            except OSError:
-                pass
+        mounts = {line.split()[1] for line in f if f"/ws-{me}-" in line}
+    claims_dir = os.path.join(root, "uids")
+    claims = set()
+    for name in os.listdir(claims_dir) if os.path.isdir(claims_dir) else ():
+        try:
+            with open(os.path.join(claims_dir, name)) as f:
+                if f.read().strip() == me:
+                    claims.add(int(name))
+        except OSError:
+            pass
+    procs = {entry for entry in os.listdir("/proc") if entry.isdigit() and _owner(entry) in ALLOCATED_UIDS}
     containers = set()
     if backend_skip_reason("docker") is None:
         from agentrl.sandbox.docker import get_client
 
-        containers = {c.id for c in get_client().containers.list(ignore_removed=True,
-            all=True, filters={"label": "agentrl.sandbox=1"})}
-    return {"workspaces": workspaces, "mounts": mounts, "processes": procs, "containers": containers}
+        containers = {c.id for c in get_client().containers.list(
+            all=True, ignore_removed=True,
+            filters={"label": ["agentrl.sandbox=1", f"agentrl.owner_pid={me}"]})}
+    return {"workspaces": workspaces, "mounts": mounts, "uid claims": claims,
+            "processes": procs, "containers": containers}
 
 
 @needs_bwrap
@@ -142,7 +175,7 @@ def test_reaper_removes_leftovers_of_a_dead_run(tmp_path):
     pytest.param(b, marks=pytest.mark.skipif(bool(r := backend_skip_reason(b)), reason=r or ""))
     for b in ("bwrap", "docker", "process")
 ])
-def test_500_episodes_leave_nothing_behind(backend):
+def test_500_episodes_leave_nothing_behind(backend, record_uids):
     before = _snapshot()
     pool = SandboxPool(lambda: create_sandbox(backend, Limits(timeout_s=10)), max_concurrent=8, prewarm=2)
 
@@ -160,7 +193,7 @@ def test_500_episodes_leave_nothing_behind(backend):
 
     asyncio.run(main())
     after = _snapshot()
-    for kind in ("workspaces", "mounts", "processes", "containers"):
+    for kind in ("workspaces", "mounts", "uid claims", "processes", "containers"):
         assert after[kind] <= before[kind], f"leaked {kind}: {after[kind] - before[kind]}"
 
 

@@ -1,0 +1,216 @@
+"""The ``swe-tools`` environment: fix an injected bug in a small real Python project."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from agentrl import EpisodeState
+from agentrl.env.sandboxed import SandboxedToolEnv
+from agentrl.sandbox import Limits, Sandbox
+from agentrl.tools import ToolCall
+from agentrl_envs.swe_tools import generate, grading
+from agentrl_tools.bash import bash
+from agentrl_tools.editor import editor
+from agentrl_tools.run_tests import run_tests
+from agentrl_tools.search import search
+from agentrl_tools.submit import submit
+
+SPLITS = ("train", "test")
+REWARDS = ("binary", "fraction")
+
+SYSTEM_PROMPT = """\
+You are a software engineer fixing a bug in a Python project. The project is in /workspace, \
+your working directory; there is no network.
+
+Tools:
+- bash: run shell commands in a persistent shell.
+- editor: view files, and edit them (str_replace needs an exact, unique match).
+- search: search file contents (or names) with a regular expression.
+- run_tests: run the project's tests with pytest (by default {visible}).
+- submit: submit your fix and end the episode.
+
+Find the cause of the issue in the source code and fix it with a small change. Do not change \
+the tests: your fix is graded with the project's full test suite, including tests you cannot \
+see, and changes to test files are discarded. Call submit when you are done."""
+
+_LOADED: dict[tuple, list[dict[str, Any]]] = {}
+_LOAD_LOCK = threading.Lock()
+
+
+def _order_key(task: Mapping[str, Any]) -> str:
+    return hashlib.blake2b(str(task["id"]).encode(), digest_size=8).hexdigest()
+
+
+class SweToolsEnv(SandboxedToolEnv):
+    """Fix a bug in a small real Python project (a stdlib module and its CPython tests).
+
+    Each task is a standard-library module under a new name with one injected bug, the visible
+    part of its tests and an issue text (see :mod:`agentrl_envs.swe_tools.generate`). Tools:
+    bash, editor, search, run_tests, submit. The episode is graded when the agent submits or
+    answers without a tool call: what the episode left running is killed, the project's source
+    files are copied from the workspace into a fresh directory next to the *original* visible
+    tests and the hidden tests (whatever the agent did to test files, ``conftest.py`` or pytest
+    configuration in the workspace is not used), and pytest runs them all there.
+
+    Args:
+        split: Tasks that ``reset()`` without a task draws from: ``train`` or ``test``.
+        reward: ``binary`` (1.0 when every test passes, else 0.0) or ``fraction`` (the share of
+            tests that pass).
+        seed: Generation seed of the task set.
+        tasks_path: A JSONL file of task rows to use instead of the cache.
+        cache_dir: Where the generated tasks are cached (default
+            ``$AGENTRL_CACHE/swe-tools-v1`` or ``~/.cache/agentrl/swe-tools-v1``).
+        modules: Standard-library modules to draw from (default: all nine).
+        per_module: Most tasks per module.
+        test_timeout: Seconds the grading test run may take.
+        **kwargs: Passed to :class:`agentrl.env.SandboxedToolEnv` (``sandbox``, ``limits``,
+            ``max_turns``, ...).
+    """
+
+    tools = (bash, editor, search, run_tests, submit)
+    default_max_turns = 20
+    default_limits = Limits(timeout_s=120, memory_mb=2048, cpu_s=300)
+
+    def __init__(
+        self,
+        *,
+        split: str = "train",
+        reward: str = "binary",
+        seed: int = 0,
+        tasks_path: str | Path | None = None,
+        cache_dir: str | Path | None = None,
+        modules: Sequence[str] | None = None,
+        per_module: int = generate.DEFAULT_PER_MODULE,
+        test_timeout: float = 300,
+        **kwargs: Any,
+    ) -> None:
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        if reward not in REWARDS:
+            raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
+        super().__init__(**kwargs)
+        self.split = split
+        self.reward = reward
+        self.seed = seed
+        self.tasks_path = Path(tasks_path) if tasks_path else None
+        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.modules = tuple(modules) if modules else None
+        self.per_module = per_module
+        self.test_timeout = test_timeout
+        self.last_grade: grading.GradeResult | None = None
+
+    # -- tasks -------------------------------------------------------------------------------
+
+    def all_tasks(self) -> list[dict[str, Any]]:
+        """Every task row (loaded once per process; generated into the cache on first use)."""
+        key = (self.tasks_path, self.cache_dir, self.seed, self.modules, self.per_module)
+        with _LOAD_LOCK:
+            if key not in _LOADED:
+                if self.tasks_path is not None:
+                    rows = generate.read_jsonl(self.tasks_path)
+                else:
+                    rows = generate.load_or_generate(
+                        self.cache_dir, seed=self.seed, modules=self.modules,
+                        per_module=self.per_module,
+                    )
+                _LOADED[key] = sorted(rows, key=_order_key)
+            return _LOADED[key]
+
+    def task_set(self, split: str = "test", limit: int | None = None) -> list[dict[str, Any]]:
+        """The tasks of ``split`` in a fixed order that mixes modules (a hash of the id).
+
+        Args:
+            split: ``train`` or ``test``.
+            limit: Keep only the first ``limit`` tasks.
+        """
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        rows = [t for t in self.all_tasks() if t["split"] == split]
+        return rows if limit is None else rows[:limit]
+
+    async def sample_task(self) -> dict[str, Any]:
+        """A task of ``self.split`` drawn with ``self.np_random`` (loading or generating the
+        tasks in a worker thread on first use)."""
+        rows = await asyncio.to_thread(self.task_set, self.split)
+        return rows[int(self.np_random.integers(len(rows)))]
+
+    # -- episode -----------------------------------------------------------------------------
+
+    async def prepare_sandbox(self, sandbox: Sandbox, task: Mapping[str, Any]) -> None:
+        """Writes the buggy project and its visible tests into the workspace."""
+        for path, content in task["files"].items():
+            await sandbox.write_file(path, content)
+
+    def make_prompt(self, task: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """System message (tools, rules) and user message (files, issue)."""
+        visible = task.get("visible_tests", "tests")
+        listing = "\n".join(
+            f"  {path} ({len(content.splitlines())} lines)"
+            for path, content in sorted(task["files"].items())
+        )
+        user = (
+            f"The project in /workspace has these files:\n{listing}\n\n"
+            f"Please fix this issue:\n\n{task['problem_statement']}"
+        )
+        return [
+            {"role": "system", "content": SYSTEM_PROMPT.format(visible=visible)},
+            {"role": "user", "content": user},
+        ]
+
+    async def compute_reward(
+        self, task: Mapping[str, Any], final: Mapping[str, Any], state: EpisodeState
+    ) -> float:
+        """Grades the workspace (see the class docstring); ``self.last_grade`` keeps details."""
+        if self.sandbox is None:
+            return 0.0
+        result = await grade_task(self.sandbox, task, self.test_timeout)
+        self.last_grade = result
+        state.data["grade"] = {"passed": len(result.passed & set(result.expected)),
+                               "expected": len(result.expected), "error": result.error}
+        if self.reward == "fraction":
+            return result.fraction
+        return 1.0 if result.all_passed else 0.0
+
+    def oracle_action(self, task: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> str:
+        """Applies the task's fix with the editor (unless that call was made already), then
+        submits."""
+        fix = task["fix"]
+        call = ToolCall("editor", {"command": "str_replace", "path": fix["path"],
+                                   "old_str": fix["old"], "new_str": fix["new"]})
+        if not made_call(history, call):
+            return self.format.render("I will fix the bug.", [call])
+        return self.format.render("The fix is in place.", [ToolCall("submit", {})])
+
+
+def made_call(history: Sequence[Mapping[str, Any]], call: ToolCall) -> bool:
+    """Whether an assistant turn of ``history`` already made ``call`` (same name and
+    arguments)."""
+    return any(
+        made.get("name") == call.name and made.get("arguments") == call.arguments
+        for message in history if message.get("role") == "assistant"
+        for made in message.get("tool_calls") or ()
+    )
+
+
+async def grade_task(sandbox: Sandbox, task: Mapping[str, Any], timeout: float) -> grading.GradeResult:
+    """Grades a swe-tools task in ``sandbox`` (see :class:`SweToolsEnv`)."""
+    originals = {p: c for p, c in task["files"].items() if not _is_source(p, task)}
+    hidden = dict(task["hidden_tests"])
+    return await grading.grade_project(
+        sandbox,
+        sources=[p for p in task["files"] if _is_source(p, task)],
+        files={**originals, **hidden},
+        targets=sorted({task["visible_tests"], *hidden}),
+        expected=task["test_ids"],
+        timeout=timeout,
+    )
+
+
+def _is_source(path: str, task: Mapping[str, Any]) -> bool:
+    """A file the agent is meant to change: a ``.py`` file that is not a test file."""
+    return path.endswith(".py") and path != task.get("visible_tests") and not path.startswith("tests/")
