@@ -364,3 +364,8 @@ def test_swebench_oracle_resolves_null_and_test_edits_do_not(swebench_instance: 
     assert set(report["PASS_TO_PASS"].values()) == {"PASSED"}
     assert results.pop("cheats + oracle") == 1.0
     assert results == {"null": 0.0, **dict.fromkeys(cheats, 0.0)}
+
+
+def test_swebench_env_passes_check_env(swebench_instance: dict[str, Any]) -> None:
+    check_env(SweBenchEnv(instances=[swebench_instance], sandbox="docker"),
+              options={"task": swebench_instance})

@@ -41,8 +41,16 @@ def test_good_env_passes():
     check_env(GoodEnv())
 
 
+NEEDS_USER_DATA = {
+    "swe-bench-v0": "swe-bench-v0 needs the user's instances and their Docker images; "
+    "tests/integration/test_swe_tools.py runs check_env on a hand-made instance",
+}
+
+
 @pytest.mark.parametrize("env_id", [spec.id for spec in agentrl.list_envs()])
 def test_every_registered_env_passes(env_id):
+    if env_id in NEEDS_USER_DATA:
+        pytest.skip(NEEDS_USER_DATA[env_id])
     check_env(agentrl.make_env(env_id))
 
 
