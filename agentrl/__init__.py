@@ -5,6 +5,7 @@ The public surface users write code against:
 * :class:`ToolEnv`, :class:`EpisodeState` - the environment contract.
 * :func:`tool`, :class:`Tool` - typed Python functions as tools.
 * :func:`register_env`, :func:`make_env`, :func:`check_env`, :func:`list_envs` - the registry.
+* :class:`Sample`, :class:`Status` - the trajectory record every stage exchanges.
 """
 
 from agentrl import errors
@@ -18,6 +19,7 @@ from agentrl.env import (
     make_env,
     register_env,
 )
+from agentrl.rollout import Sample, Status
 from agentrl.tools import Injected, Tool, ToolCall, tool
 
 __version__ = "0.1.0"
@@ -25,7 +27,9 @@ __version__ = "0.1.0"
 __all__ = [
     "EpisodeState",
     "Injected",
+    "Sample",
     "SandboxedToolEnv",
+    "Status",
     "Tool",
     "ToolCall",
     "ToolEnv",
