@@ -443,7 +443,7 @@ class DockerSandbox(Sandbox):
 
         async def spawn() -> asyncio.subprocess.Process:
             self._check()
-            async with self._recover_lock:
+            async with self._recover_lock:  # wait for a restart in progress
                 pass
             token = secrets.token_hex(8)
             self._live_tokens.add(token)
