@@ -47,6 +47,28 @@ class ToolCallRenderError(AgentRLError):
     """A tool call cannot be written in the requested format (e.g. a key the format cannot hold)."""
 
 
+class ConfigError(AgentRLError):
+    """A flag or config value is invalid; the message names the flag and what to change."""
+
+
+class DataError(AgentRLError):
+    """A prompt data file or row is unusable; the message names the file, line and field."""
+
+
+class EngineError(AgentRLError):
+    """The inference engine cannot serve a request (closed, broken, input too long, weights that
+    do not match the model)."""
+
+
+class RewardError(AgentRLError):
+    """A custom reward function or model failed or returned something that is not a number."""
+
+
+class PluginError(AgentRLError):
+    """A user plug-in (``--custom-generate-function-path``, ``--custom-rm-path``, a filter)
+    cannot be loaded or has the wrong form."""
+
+
 # --- errors the model caused (become observations) -------------------------------------------
 
 

@@ -1,0 +1,96 @@
+"""A tiny random-init Qwen2 checkpoint for demos, tests and benchmarks, built offline.
+
+:func:`build_tiny_model` writes a complete Hugging Face model directory (``config.json``,
+``generation_config.json``, ``model.safetensors`` and the files of
+:func:`~agentrl.chat.build_tiny_tokenizer`) that both ``transformers`` and agentrl's embedded
+engine load. Its weights are random (seeded, so the same machine always builds the same model):
+its outputs are noise until it is trained. It exists so every code path that needs "a model"
+runs anywhere in seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from agentrl.chat.tiny_tokenizer import TINY_VOCAB_SIZE, build_tiny_tokenizer, cache_root
+
+__all__ = ["TINY_MODEL_CONFIG", "build_tiny_model"]
+
+_SUBFOLDER = "tiny-qwen2-v1"
+_SEED = 0
+
+TINY_MODEL_CONFIG: dict[str, Any] = {
+    "vocab_size": TINY_VOCAB_SIZE,
+    "hidden_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 384,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 4096,
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+}
+"""The ``Qwen2Config`` arguments of the tiny model (about 0.8M parameters; the token ids of
+eos and pad come from the tokenizer)."""
+
+
+def _write_checkpoint(directory: Path, cache_dir: Path) -> None:
+    """Saves the tokenizer, then a seeded random Qwen2 model, into ``directory``."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = build_tiny_tokenizer(cache_dir)
+    if len(tokenizer) != TINY_VOCAB_SIZE:
+        raise RuntimeError(f"tiny tokenizer has {len(tokenizer)} tokens, "
+                           f"expected {TINY_VOCAB_SIZE}")  # fmt: skip
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    config = Qwen2Config(
+        **TINY_MODEL_CONFIG, eos_token_id=eos, pad_token_id=pad, bos_token_id=None,
+        dtype="float32",
+    )  # fmt: skip
+    # fork_rng: seeding must not disturb the caller's global random state.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_SEED)
+        model = Qwen2ForCausalLM(config).to(torch.float32).eval()
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
+    model.save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
+
+
+def build_tiny_model(cache_dir: str | Path | None = None) -> Path:
+    """Returns the tiny model's directory, building it on first use.
+
+    Args:
+        cache_dir: Cache root; the model lives in its ``tiny-qwen2-v1`` subfolder (and the
+            tokenizer in ``tiny-tokenizer-v1``). Defaults to
+            :func:`~agentrl.chat.tiny_tokenizer.cache_root`. A first build writes to a temporary
+            folder and renames it into place, so concurrent first uses are safe.
+
+    Returns:
+        The path of a Hugging Face model directory: a random-init Qwen2 (see
+        :data:`TINY_MODEL_CONFIG`) with eos ``<|im_end|>`` and pad ``<|endoftext|>``. Its outputs
+        are noise until it is trained.
+    """
+    root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
+    final = root / _SUBFOLDER
+    if not (final / "model.safetensors").is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{_SUBFOLDER}-", dir=root))
+        try:
+            _write_checkpoint(tmp, root)
+            os.chmod(tmp, 0o755)  # mkdtemp makes it private
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                if not (final / "model.safetensors").is_file():
+                    raise  # not a lost race: a real error
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final

@@ -1,0 +1,26 @@
+"""Inference engines behind one token-in/token-out contract (:class:`Engine`).
+
+:class:`EmbeddedEngine` runs the policy in process with torch (CPU or CUDA); the SGLang client
+comes later. The contract (:mod:`agentrl.rollout.engine.base`) does not import torch, and neither
+does this package until ``EmbeddedEngine`` is first asked for, so that importing the contract
+(which runs this file first) stays light.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from agentrl.rollout.engine.base import Engine, FinishReason, GenerateOutput, SamplingParams
+
+if TYPE_CHECKING:
+    from agentrl.rollout.engine.embedded import EmbeddedEngine
+
+__all__ = ["EmbeddedEngine", "Engine", "FinishReason", "GenerateOutput", "SamplingParams"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "EmbeddedEngine":
+        from agentrl.rollout.engine.embedded import EmbeddedEngine
+
+        return EmbeddedEngine
+    raise AttributeError(f"module 'agentrl.rollout.engine' has no attribute {name!r}")

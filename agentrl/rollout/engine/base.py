@@ -1,0 +1,209 @@
+"""The inference-engine contract the rollout talks to, shaped on SGLang's native API.
+
+Token-in/token-out: a request is a list of token ids (the whole sequence so far) and sampling
+parameters; the answer is the sampled ids, the log-probability of each, why generation stopped and
+which weights produced it. Two implementations: :class:`~agentrl.rollout.engine.EmbeddedEngine`
+(torch, in process; CPU and GPU) and the SGLang client (HTTP, a later issue). Field names follow
+SGLang's ``/generate`` request and response so the two are interchangeable.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Literal
+
+__all__ = ["Engine", "FinishReason", "GenerateOutput", "SamplingParams"]
+
+FinishReason = Literal["stop", "length", "abort"]
+"""``stop``: a stop token id or stop string matched (or the model's end-of-sequence token);
+``length``: ``max_new_tokens`` reached; ``abort``: the request was aborted (``abort``, ``pause``
+in abort mode, shutdown). Rollout maps them to ``completed`` / ``truncated`` / ``aborted``."""
+
+GREEDY_TEMPERATURE = 1e-6
+"""Temperatures below this mean greedy decoding (as in SGLang)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling parameters (SGLang's ``sampling_params`` names).
+
+    Attributes:
+        max_new_tokens: Tokens to generate at most (>= 0).
+        temperature: Softmax temperature; below ``1e-6`` means greedy.
+        top_p: Nucleus sampling mass in (0, 1].
+        top_k: Keep the ``top_k`` most likely tokens; ``-1`` keeps all.
+        stop: Stop strings. Generation ends once the decoded output contains one; the tokens
+            that completed it stay in the output (SGLang's ``no_stop_trim=True``).
+        stop_token_ids: Token ids that end generation; the matched id stays in the output.
+        ignore_eos: Do not stop on the model's own end-of-sequence token(s).
+        sampling_seed: Seed of this request's random stream; ``None`` draws from the engine's.
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    sampling_seed: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        problems = []
+        if self.max_new_tokens < 0:
+            problems.append(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            problems.append(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            problems.append(f"top_k must be -1 (all) or >= 1, got {self.top_k}")
+        if problems:
+            raise ValueError("invalid sampling params: " + "; ".join(problems))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_TEMPERATURE
+
+    def replace(self, **changes: Any) -> SamplingParams:
+        return dataclasses.replace(self, **changes)
+
+    def to_sglang(self) -> dict[str, Any]:
+        """The ``sampling_params`` object of an SGLang ``/generate`` request."""
+        out: dict[str, Any] = {
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "stop": list(self.stop),
+            "stop_token_ids": list(self.stop_token_ids),
+            "ignore_eos": self.ignore_eos,
+            "skip_special_tokens": False,
+            "spaces_between_special_tokens": False,
+            "no_stop_trim": True,
+        }
+        if self.sampling_seed is not None:
+            out["sampling_seed"] = self.sampling_seed
+        return out
+
+
+@dataclasses.dataclass
+class GenerateOutput:
+    """What one ``generate`` call returns (SGLang's ``output_ids`` and ``meta_info``).
+
+    Attributes:
+        output_ids: The sampled token ids, in order (a matched stop token included).
+        output_logprobs: One log-probability per sampled id, under the distribution it was
+            sampled from before top-k/top-p truncation: ``log_softmax(logits / temperature)``
+            (temperature 1 when greedy), the quantity the trainer recomputes.
+        finish_reason: See :data:`FinishReason`.
+        matched: The stop token id or stop string that ended generation, if any.
+        weight_version: Version of the weights that produced every token of this output.
+        prompt_tokens: Length of ``input_ids``.
+        cached_tokens: Prompt tokens served from a prefix cache (0 when there is none).
+        latency_s: Seconds from submission to completion.
+        message: Why the request was aborted, for ``abort``.
+    """
+
+    output_ids: list[int]
+    output_logprobs: list[float]
+    finish_reason: FinishReason
+    weight_version: str
+    prompt_tokens: int
+    matched: int | str | None = None
+    cached_tokens: int = 0
+    latency_s: float = 0.0
+    message: str | None = None
+
+    @classmethod
+    def from_sglang(cls, response: Mapping[str, Any]) -> GenerateOutput:
+        """Reads an SGLang ``/generate`` response (one item, not a batch)."""
+        meta = response["meta_info"]
+        reason = meta.get("finish_reason") or {"type": "abort", "message": "no finish_reason"}
+        pairs = meta.get("output_token_logprobs") or []
+        ids = [int(p[1]) for p in pairs] if pairs else list(response.get("output_ids", []))
+        return cls(
+            output_ids=ids,
+            output_logprobs=[float(p[0]) for p in pairs],
+            finish_reason=reason["type"],
+            matched=reason.get("matched"),
+            message=reason.get("message"),
+            weight_version=str(meta.get("weight_version", "default")),
+            prompt_tokens=int(meta.get("prompt_tokens", 0)),
+            cached_tokens=int(meta.get("cached_tokens", 0)),
+            latency_s=float(meta.get("e2e_latency", 0.0)),
+        )
+
+
+class Engine(abc.ABC):
+    """A policy-serving engine: many concurrent token-in/token-out requests.
+
+    All methods are coroutines and safe to call concurrently from one event loop. Requests that
+    arrive while others decode are batched with them (continuous batching).
+    """
+
+    @abc.abstractmethod
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, rid: str | None = None
+    ) -> GenerateOutput:
+        """Generates a continuation of ``input_ids``.
+
+        Args:
+            input_ids: The full sequence so far (prompt and earlier turns).
+            sampling: Sampling parameters for this request.
+            rid: Request id; :meth:`abort` matches it by prefix. Unique ids are the caller's job.
+
+        Returns:
+            The output. Aborting is not an error: it returns ``finish_reason="abort"`` with the
+            tokens sampled so far.
+
+        Raises:
+            EngineError: The engine is closed or broken, or ``input_ids`` is too long.
+        """
+
+    @abc.abstractmethod
+    async def update_weights(
+        self, *, state_dict: Mapping[str, Any] | None = None, path: str | None = None,
+        version: str,
+    ) -> None:  # fmt: skip
+        """Replaces the weights in place, between decode steps, and sets the weight version.
+
+        Exactly one of ``state_dict`` (Hugging Face parameter names -> tensors) and ``path`` (a
+        Hugging Face model directory) is given. Requests in flight continue with the new weights
+        from their next token on unless the engine was paused first (the rollout pauses, updates,
+        resumes, as with SGLang). Every output reports the version of its weights; a request
+        spanning an update reports the newer one.
+
+        Raises:
+            EngineError: A name or shape does not match the served model (nothing is changed).
+        """
+
+    @abc.abstractmethod
+    async def pause(self, mode: Literal["abort", "in_place"] = "abort") -> None:
+        """Stops generating. ``abort``: requests in flight finish with ``abort``; ``in_place``:
+        they wait, keeping their state, until :meth:`resume`. New requests wait while paused."""
+
+    @abc.abstractmethod
+    async def resume(self) -> None:
+        """Continues after :meth:`pause`."""
+
+    @abc.abstractmethod
+    async def abort(self, rid_prefix: str = "") -> int:
+        """Aborts requests whose rid starts with ``rid_prefix`` (``""``: all). Returns how many."""
+
+    @abc.abstractmethod
+    async def health(self) -> bool:
+        """True when the engine can serve a request now."""
+
+    @property
+    @abc.abstractmethod
+    def weight_version(self) -> str:
+        """The version of the weights currently served."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Aborts what is in flight and frees the engine. Safe to call twice."""

@@ -1,0 +1,607 @@
+"""An in-process inference engine: continuous batching over :class:`DecoderModel` on one thread.
+
+:class:`EmbeddedEngine` serves the :class:`~agentrl.rollout.engine.base.Engine` contract without
+a server: CPU for tests, demos and tiny models, CUDA when present. One dedicated scheduler thread
+owns the model, the KV cache and every request's state; the asyncio side only enqueues work and
+awaits futures, which the scheduler resolves with ``loop.call_soon_threadsafe``. torch releases
+the GIL inside its kernels, so the event loop (and the tools it runs) stays responsive while the
+model computes.
+
+Each scheduler iteration: run control commands (abort, pause, weight updates, close), prefill
+newly arrived requests into free cache slots (their first token comes from the prefill), then
+one decode step for every active request. A request that arrives mid-generation therefore joins
+the batch at the next step. Active requests always occupy slots ``0 .. n-1`` (a finished
+request's slot is refilled by moving the last one), so decoding slices the cache instead of
+gathering it.
+
+Sampling is batched. Each sampled token's log-probability is ``log_softmax(logits / T)`` at that
+token over the whole vocabulary, before top-k/top-p truncation (T = 1 when greedy): the quantity
+a trainer recomputes from the same weights. A request with ``sampling_seed`` draws from its own
+``torch.Generator``, one uniform number per token, and everything else it depends on is computed
+row by row, so its output does not depend on what else is in the batch (up to floating-point
+differences between batch shapes, which can flip near-ties).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import json
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from agentrl.errors import EngineError
+from agentrl.rollout.engine.base import Engine, FinishReason, GenerateOutput, SamplingParams
+from agentrl.rollout.engine.model import DecoderModel, read_checkpoint
+
+__all__ = ["EmbeddedEngine"]
+
+logger = logging.getLogger(__name__)
+
+_PREFILL_TOKEN_BUDGET = 8192
+"""Most (padded) tokens one prefill call processes; more new requests wait for the next call."""
+
+
+@dataclasses.dataclass(eq=False)
+class _Request:
+    """One generate call's state, owned by the scheduler thread once submitted."""
+
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams
+    max_new: int
+    stop_ids: frozenset[int]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[GenerateOutput]
+    submitted: float
+    generator: torch.Generator | None
+    temperature: float
+    output_ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    slot: int = -1
+    cached: int = 0
+    done: bool = False
+    cancelled: bool = False
+
+
+@dataclasses.dataclass(eq=False)
+class _Command:
+    """A control operation run on the scheduler thread between steps."""
+
+    run: Callable[[], Any]
+    loop: asyncio.AbstractEventLoop | None = None
+    future: asyncio.Future[Any] | None = None
+
+
+def _deliver(future: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
+    """Resolves ``future`` on its own loop (the caller may have given up on it)."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
+
+
+def _post(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], value: Any,
+          error: BaseException | None = None) -> None:  # fmt: skip
+    try:
+        loop.call_soon_threadsafe(_deliver, future, value, error)
+    except RuntimeError:
+        pass  # the caller's loop is closed: nobody is waiting any more
+
+
+class EmbeddedEngine(Engine):
+    """Serves a :class:`DecoderModel` in process with continuous batching.
+
+    Build it with :meth:`from_pretrained` (a Hugging Face directory) or from a loaded model.
+    Call :meth:`close` (or use ``async with``) to stop the scheduler thread.
+    """
+
+    def __init__(
+        self,
+        model: DecoderModel,
+        *,
+        tokenizer: Any | None = None,
+        max_batch_size: int = 32,
+        max_context_len: int | None = None,
+        seed: int = 0,
+        weight_version: str = "0",
+        eos_token_ids: Sequence[int] | None = None,
+    ) -> None:
+        """Starts the scheduler thread.
+
+        Args:
+            model: The model to serve (the engine owns it from now on).
+            tokenizer: A Hugging Face tokenizer; needed only for stop strings.
+            max_batch_size: Requests decoded together (KV cache slots); more wait in a queue.
+            max_context_len: Longest prompt + output; default the model's
+                ``max_position_embeddings``.
+            seed: Seed of the engine's random stream (requests without ``sampling_seed``).
+            weight_version: Version reported until the first :meth:`update_weights`.
+            eos_token_ids: The model's end-of-sequence ids; default the config's.
+        """
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self._model = model
+        self.tokenizer = tokenizer
+        self.max_context_len = int(max_context_len or model.config.max_position_embeddings)
+        self.max_batch_size = max_batch_size
+        self._eos_ids = frozenset(
+            model.config.eos_token_ids if eos_token_ids is None else (int(t) for t in eos_token_ids)
+        )
+        self._decode_text = _text_decoder(tokenizer)
+        self._version = str(weight_version)
+        self._cache = model.new_cache(max_batch_size, self.max_context_len)
+        self._generator = torch.Generator().manual_seed(seed)
+        self._rids = itertools.count()
+        self._vocab = torch.arange(model.config.vocab_size, device=model.device)
+
+        self._cond = threading.Condition()
+        self._incoming: deque[_Request] = deque()  # guarded by _cond
+        self._commands: deque[_Command] = deque()  # guarded by _cond
+        self._wake = False  # guarded by _cond: a cancellation to sweep
+        self._closed = False  # guarded by _cond
+        self._error: BaseException | None = None
+        # scheduler-thread state
+        self._waiting: deque[_Request] = deque()
+        self._active: list[_Request] = []
+        self._paused = False
+        self._stopping = False
+        self._stats = {"requests_served": 0, "tokens_generated": 0, "decode_steps": 0,
+                       "decode_rows": 0, "prefill_calls": 0}  # fmt: skip
+        self._thread = threading.Thread(target=self._run, name="agentrl-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        device: str | torch.device | None = None,
+        max_batch_size: int = 32,
+        max_context_len: int | None = None,
+        seed: int = 0,
+        weight_version: str = "0",
+    ) -> EmbeddedEngine:
+        """Loads a Hugging Face model directory (weights, tokenizer if present, eos ids from
+        ``config.json`` and ``generation_config.json``) and starts serving it."""
+        root = Path(path)
+        model = DecoderModel.from_pretrained(root, device=device)
+        eos = set(model.config.eos_token_ids)
+        gen_config = root / "generation_config.json"
+        if gen_config.is_file():
+            value = json.loads(gen_config.read_text()).get("eos_token_id")
+            eos.update([value] if isinstance(value, int) else (value or []))
+        return cls(
+            model, tokenizer=_load_tokenizer(root), max_batch_size=max_batch_size,
+            max_context_len=max_context_len, seed=seed, weight_version=weight_version,
+            eos_token_ids=sorted(eos),
+        )  # fmt: skip
+
+    # --- Engine API (caller side) -------------------------------------------------------
+
+    @property
+    def weight_version(self) -> str:
+        return self._version
+
+    @property
+    def model(self) -> DecoderModel:
+        """The served model (touch its weights only through :meth:`update_weights`)."""
+        return self._model
+
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, rid: str | None = None
+    ) -> GenerateOutput:
+        """See :meth:`Engine.generate`. ``max_new_tokens`` is clipped to what fits in
+        ``max_context_len``; a clipped request ends with ``length``."""
+        ids = self._check_input(input_ids, sampling)
+        max_new = min(sampling.max_new_tokens, self.max_context_len - len(ids))
+        if max_new == 0:
+            self._check_open()
+            return GenerateOutput([], [], "length", self._version, prompt_tokens=len(ids))
+        loop = asyncio.get_running_loop()
+        generator = None
+        if sampling.sampling_seed is not None and not sampling.greedy:
+            generator = torch.Generator().manual_seed(sampling.sampling_seed)
+        stop_ids = set(sampling.stop_token_ids)
+        if not sampling.ignore_eos:
+            stop_ids |= self._eos_ids
+        request = _Request(
+            rid=rid if rid is not None else f"req-{next(self._rids)}", input_ids=ids,
+            sampling=sampling, max_new=max_new, stop_ids=frozenset(stop_ids), loop=loop,
+            future=loop.create_future(), submitted=time.perf_counter(), generator=generator,
+            temperature=1.0 if sampling.greedy else float(sampling.temperature),
+        )  # fmt: skip
+        with self._cond:
+            self._check_open()
+            self._incoming.append(request)
+            self._cond.notify()
+        try:
+            return await request.future
+        except asyncio.CancelledError:
+            with self._cond:  # let the scheduler free the slot
+                request.cancelled = True
+                self._wake = True
+                self._cond.notify()
+            raise
+
+    async def update_weights(
+        self, *, state_dict: Mapping[str, Any] | None = None, path: str | None = None,
+        version: str,
+    ) -> None:  # fmt: skip
+        """See :meth:`Engine.update_weights`. A directory is read off the scheduler thread, so
+        decoding continues while it loads; the copy itself happens between two steps."""
+        if (state_dict is None) == (path is None):
+            raise EngineError("update_weights needs exactly one of state_dict and path")
+        if path is not None:
+            state_dict = await asyncio.to_thread(read_checkpoint, path)
+        tensors = dict(state_dict)
+
+        def apply() -> None:
+            self._model.load_state_dict_inplace(tensors)
+            self._version = str(version)
+
+        await self._call(apply)
+
+    async def pause(self, mode: Literal["abort", "in_place"] = "abort") -> None:
+        """See :meth:`Engine.pause`. Returns once no decode step is running."""
+        if mode not in ("abort", "in_place"):
+            raise ValueError(f"pause mode must be 'abort' or 'in_place', got {mode!r}")
+
+        def apply() -> None:
+            if mode == "abort":
+                self._abort_matching("", "aborted by pause(mode='abort')")
+            self._paused = True
+
+        await self._call(apply)
+
+    async def resume(self) -> None:
+        def apply() -> None:
+            self._paused = False
+
+        await self._call(apply)
+
+    async def abort(self, rid_prefix: str = "") -> int:
+        return await self._call(
+            lambda: self._abort_matching(rid_prefix, f"aborted by abort({rid_prefix!r})")
+        )
+
+    async def health(self) -> bool:
+        """True while the scheduler runs, the engine is open and not paused."""
+        return (not self._closed and self._error is None and self._thread.is_alive()
+                and not self._paused)  # fmt: skip
+
+    async def close(self) -> None:
+        """Aborts what is in flight and stops the scheduler thread. Safe to call twice."""
+        await asyncio.to_thread(self.shutdown)
+
+    def shutdown(self) -> None:
+        """Blocking :meth:`close`, for code without an event loop."""
+        with self._cond:
+            if not self._closed:
+                self._closed = True
+                self._commands.append(_Command(run=self._stop))
+                self._cond.notify()
+        self._thread.join()
+
+    async def __aenter__(self) -> EmbeddedEngine:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def stats(self) -> dict[str, float]:
+        """Counters since start: requests served, tokens generated, decode steps, prefill
+        calls, mean decode batch size, and the current active / waiting counts."""
+        s = dict(self._stats)
+        s["mean_batch_size"] = s["decode_rows"] / s["decode_steps"] if s["decode_steps"] else 0.0
+        s["active"] = len(self._active)
+        s["waiting"] = len(self._waiting) + len(self._incoming)
+        return s
+
+    # --- caller-side helpers ------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._error is not None:
+            raise EngineError(f"the engine's scheduler failed: {self._error!r}")
+        if self._closed:
+            raise EngineError("the engine is closed")
+
+    def _check_input(self, input_ids: Sequence[int], sampling: SamplingParams) -> list[int]:
+        ids = [int(t) for t in input_ids]
+        if not ids:
+            raise EngineError("input_ids is empty")
+        if len(ids) > self.max_context_len:
+            raise EngineError(f"input is {len(ids)} tokens; the context limit is "
+                              f"{self.max_context_len}")  # fmt: skip
+        vocab = self._model.config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise EngineError(f"input_ids hold ids outside the vocabulary [0, {vocab})")
+        if sampling.stop and self._decode_text is None:
+            raise EngineError("stop strings need a tokenizer; this engine has none")
+        return ids
+
+    async def _call(self, run: Callable[[], Any]) -> Any:
+        """Runs ``run`` on the scheduler thread between steps and returns its result."""
+        loop = asyncio.get_running_loop()
+        command = _Command(run=run, loop=loop, future=loop.create_future())
+        with self._cond:
+            self._check_open()
+            self._commands.append(command)
+            self._cond.notify()
+        return await command.future
+
+    # --- scheduler thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            with torch.inference_mode():
+                while not self._stopping:
+                    self._iterate()
+        except BaseException as exc:  # every failure must reach the waiters
+            logger.exception("embedded engine scheduler failed")
+            self._error = exc
+        finally:
+            self._drain()
+
+    def _iterate(self) -> None:
+        for command in self._take_work():
+            self._execute(command)
+        if self._stopping:
+            return
+        self._sweep_cancelled()
+        if self._paused:
+            return
+        self._admit()
+        if self._active:
+            self._decode_step()
+
+    def _take_work(self) -> list[_Command]:
+        """Waits until there is something to do; moves new requests to the waiting queue."""
+        with self._cond:
+            while not (self._commands or self._incoming or self._wake) and (
+                self._paused or not (self._active or self._waiting)
+            ):
+                self._cond.wait()
+            commands = list(self._commands)
+            self._commands.clear()
+            self._waiting.extend(self._incoming)
+            self._incoming.clear()
+            self._wake = False
+        return commands
+
+    def _execute(self, command: _Command) -> None:
+        try:
+            value, error = command.run(), None
+        except Exception as exc:  # noqa: BLE001 - reported to the caller, the engine goes on
+            value, error = None, exc
+        if command.future is not None and command.loop is not None:
+            _post(command.loop, command.future, value, error)
+
+    def _stop(self) -> None:
+        self._abort_matching("", "the engine was closed")
+        self._stopping = True
+
+    def _drain(self) -> None:
+        """On exit: ends every request and command still queued."""
+        with self._cond:
+            self._closed = True
+            self._waiting.extend(self._incoming)
+            self._incoming.clear()
+            commands = list(self._commands)
+            self._commands.clear()
+        if self._error is not None:
+            error = EngineError(f"the engine's scheduler failed: {self._error!r}")
+            for request in [*self._active, *self._waiting]:
+                if not request.done:
+                    request.done = True
+                    _post(request.loop, request.future, None, error)
+            self._active, self._waiting = [], deque()
+        else:
+            self._abort_matching("", "the engine was closed")
+        for command in commands:
+            if command.future is not None and command.loop is not None:
+                _post(command.loop, command.future, None, EngineError("the engine is closed"))
+
+    def _sweep_cancelled(self) -> None:
+        if any(r.cancelled for r in self._waiting):
+            self._waiting = deque(r for r in self._waiting if not r.cancelled)
+        if any(r.cancelled for r in self._active):
+            for request in self._active:
+                request.done = request.done or request.cancelled
+            self._compact()
+
+    def _abort_matching(self, prefix: str, message: str) -> int:
+        """Finishes waiting and active requests whose rid starts with ``prefix`` as aborted."""
+        hits = [r for r in [*self._waiting, *self._active] if r.rid.startswith(prefix)]
+        for request in hits:
+            self._finish(request, "abort", message=message)
+        if hits:
+            self._waiting = deque(r for r in self._waiting if not r.done)
+            self._compact()
+        return len(hits)
+
+    def _admit(self) -> None:
+        """Prefills waiting requests into free slots, in budget-sized groups."""
+        while self._waiting and len(self._active) < self.max_batch_size:
+            group = self._next_prefill_group(self.max_batch_size - len(self._active))
+            first_slot = len(self._active)
+            slots = range(first_slot, first_slot + len(group))
+            logits = self._model.prefill(self._cache, [r.input_ids for r in group], slots)
+            self._stats["prefill_calls"] += 1
+            for request, slot in zip(group, slots, strict=True):
+                request.slot, request.cached = slot, len(request.input_ids)
+            self._active.extend(group)
+            self._consume(group, logits)
+            self._compact()
+
+    def _next_prefill_group(self, free: int) -> list[_Request]:
+        group = [self._waiting.popleft()]
+        longest = len(group[0].input_ids)
+        while self._waiting and len(group) < free:
+            candidate = max(longest, len(self._waiting[0].input_ids))
+            if candidate * (len(group) + 1) > _PREFILL_TOKEN_BUDGET:
+                break
+            longest = candidate
+            group.append(self._waiting.popleft())
+        return group
+
+    def _decode_step(self) -> None:
+        batch = self._active
+        device = self._model.device
+        tokens = torch.tensor([r.output_ids[-1] for r in batch], dtype=torch.long).to(device)
+        logits = self._model.decode(self._cache, tokens, [r.cached for r in batch])
+        for request in batch:
+            request.cached += 1
+        self._stats["decode_steps"] += 1
+        self._stats["decode_rows"] += len(batch)
+        self._consume(batch, logits)
+        self._compact()
+
+    def _consume(self, batch: list[_Request], logits: torch.Tensor) -> None:
+        """Samples one token per request, records it, and finishes requests that stop."""
+        tokens, logprobs = self._sample(batch, logits)
+        self._stats["tokens_generated"] += len(batch)
+        for request, token, logprob in zip(batch, tokens, logprobs, strict=True):
+            request.output_ids.append(token)
+            request.logprobs.append(logprob)
+            reason, matched = self._stop_reason(request, token)
+            if reason is not None:
+                self._finish(request, reason, matched)
+
+    def _stop_reason(self, request: _Request, token: int) -> tuple[FinishReason | None, Any]:
+        if token in request.stop_ids:
+            return "stop", token
+        if request.sampling.stop:
+            matched = self._matched_stop_string(request)
+            if matched is not None:
+                return "stop", matched
+        if len(request.output_ids) >= request.max_new:
+            return "length", None
+        return None, None
+
+    def _matched_stop_string(self, request: _Request) -> str | None:
+        """The stop string the output now contains, checking only a tail of the output.
+
+        Any new match ends in the latest token, and a string of L characters spans at most
+        4L + 1 tokens (a token is at least one UTF-8 byte), so that tail suffices.
+        """
+        longest = max(len(s) for s in request.sampling.stop)
+        tail = request.output_ids[-(4 * longest + 2) :]
+        text = self._decode_text(tail)
+        for stop in request.sampling.stop:
+            if stop and stop in text:
+                return stop
+        return None
+
+    def _finish(self, request: _Request, reason: FinishReason, matched: Any = None,
+                message: str | None = None) -> None:  # fmt: skip
+        if request.done:
+            return
+        request.done = True
+        self._stats["requests_served"] += 1
+        output = GenerateOutput(
+            output_ids=list(request.output_ids), output_logprobs=list(request.logprobs),
+            finish_reason=reason, weight_version=self._version,
+            prompt_tokens=len(request.input_ids), matched=matched,
+            latency_s=time.perf_counter() - request.submitted, message=message,
+        )  # fmt: skip
+        _post(request.loop, request.future, output)
+
+    def _compact(self) -> None:
+        """Drops finished requests, moving survivors so the active ones fill slots 0..n-1."""
+        survivors = [r for r in self._active if not r.done]
+        if len(survivors) == len(self._active):
+            return
+        count = len(survivors)
+        holes = (slot for slot in range(count) if self._active[slot].done)
+        for request in [r for r in survivors if r.slot >= count]:
+            hole = next(holes)
+            self._cache.move_slot(request.slot, hole, request.cached)
+            request.slot = hole
+        survivors.sort(key=lambda r: r.slot)
+        self._active = survivors
+
+    # --- sampling -----------------------------------------------------------------------
+
+    def _sample(self, batch: list[_Request], logits: torch.Tensor) -> tuple[list[int], list[float]]:
+        """Picks one token per row and its ``log_softmax(logits / T)`` log-probability."""
+        sampled_rows = [i for i, r in enumerate(batch) if not r.sampling.greedy]
+        if not sampled_rows:
+            logp = logits.log_softmax(-1)
+            tokens = logits.argmax(-1)
+        else:
+            temps = torch.tensor([r.temperature for r in batch], device=logits.device)
+            logp = (logits / temps[:, None]).log_softmax(-1)
+            tokens = logits.argmax(-1)
+            rows = torch.tensor(sampled_rows, device=logits.device)
+            drawn = self._draw(logp.index_select(0, rows), [batch[i] for i in sampled_rows])
+            tokens.index_copy_(0, rows, drawn)
+        chosen = logp.gather(1, tokens[:, None])[:, 0]
+        return tokens.tolist(), chosen.tolist()
+
+    def _draw(self, logp: torch.Tensor, batch: list[_Request]) -> torch.Tensor:
+        """Inverse-CDF sampling from each row's top-k / top-p truncated distribution.
+
+        Row by row, with one uniform number per row (from the request's own generator when it
+        has a seed), so a seeded request's draw never depends on the other rows.
+        """
+        uniforms = self._uniforms(batch).to(logp.device)
+        vocab = logp.shape[-1]
+        truncate = any(r.sampling.top_k != -1 or r.sampling.top_p < 1.0 for r in batch)
+        if truncate:
+            logp, order = logp.sort(dim=-1, descending=True)
+        probs = logp.exp()
+        if truncate:
+            top_k = torch.tensor([r.sampling.top_k if r.sampling.top_k > 0 else vocab
+                                  for r in batch], device=logp.device)  # fmt: skip
+            top_p = torch.tensor([r.sampling.top_p for r in batch], device=logp.device)
+            mass_before = probs.cumsum(-1) - probs
+            keep = (self._vocab[None, :] < top_k[:, None]) & (mass_before < top_p[:, None])
+            probs = probs * keep
+        cdf = probs.cumsum(-1)
+        total = cdf[:, -1:]
+        # strictly below the total, so the pick always lands on a token of positive mass
+        below_total = torch.nextafter(total, total.new_zeros(()))
+        target = torch.minimum(uniforms[:, None] * total, below_total)
+        pick = torch.searchsorted(cdf, target, right=True)[:, 0]
+        return order.gather(1, pick[:, None])[:, 0] if truncate else pick
+
+    def _uniforms(self, batch: list[_Request]) -> torch.Tensor:
+        shared = [i for i, r in enumerate(batch) if r.generator is None]
+        values = torch.empty(len(batch))
+        if shared:
+            values[shared] = torch.rand(len(shared), generator=self._generator)
+        for i, request in enumerate(batch):
+            if request.generator is not None:
+                values[i] = torch.rand((), generator=request.generator)
+        return values
+
+
+def _load_tokenizer(root: Path) -> Any | None:
+    """The directory's Hugging Face tokenizer, or None when it has none."""
+    if not ((root / "tokenizer.json").is_file() or (root / "tokenizer_config.json").is_file()):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(root))
+
+
+def _text_decoder(tokenizer: Any | None) -> Callable[[list[int]], str] | None:
+    """A fast ids -> text function keeping special tokens (the Rust decoder when there is one)."""
+    if tokenizer is None:
+        return None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return lambda ids: backend.decode(ids, skip_special_tokens=False)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=False,
+                                        clean_up_tokenization_spaces=False)  # fmt: skip

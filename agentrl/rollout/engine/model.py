@@ -1,0 +1,640 @@
+"""A hand-written Qwen2 / Llama decoder for the embedded engine, with a slot-based KV cache.
+
+Plain torch, inference only. The math follows the Hugging Face implementations (pre-norm
+RMSNorm, default rotary embeddings with the half-rotation layout, grouped-query attention,
+SwiGLU MLP) so the logits match ``Qwen2ForCausalLM`` / ``LlamaForCausalLM`` to float rounding.
+Parameters use the Hugging Face names (``model.layers.N.self_attn.q_proj.weight``, ...), which is
+what checkpoints, trainers and SGLang's weight-update calls speak.
+
+Two fusions keep the per-token op count low, which is what bounds a tiny model's decode speed:
+q/k/v live in one ``[q; k; v]`` matrix and gate/up in one ``[gate; up]`` matrix. The Hugging
+Face names map to row-slices (views) of the fused tensors, so copying into a named parameter
+updates the fused one in place.
+
+The KV cache (:class:`KVCache`) holds ``num_slots`` sequences side by side, each at its own
+length; :meth:`DecoderModel.prefill` writes new sequences into slots and
+:meth:`DecoderModel.decode` advances a set of slots by one token each, masking every slot's
+unused tail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from agentrl.errors import EngineError
+
+__all__ = ["DecoderConfig", "DecoderModel", "KVCache", "read_checkpoint"]
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+"""Buffers some older checkpoints saved; they are recomputed from the config, so skipped."""
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig:
+    """The architecture fields the forward needs, read from a Hugging Face ``config.json``.
+
+    Attributes:
+        model_type: ``qwen2`` or ``llama``.
+        vocab_size: Embedding rows.
+        hidden_size: Residual width.
+        intermediate_size: MLP width.
+        num_layers: Decoder layers.
+        num_heads: Query heads.
+        num_kv_heads: Key/value heads (grouped-query attention when fewer than ``num_heads``).
+        head_dim: Width of one head.
+        rms_norm_eps: RMSNorm epsilon.
+        rope_theta: Rotary base.
+        max_position_embeddings: Context length the model was built for.
+        tie_word_embeddings: ``lm_head`` shares the embedding matrix.
+        qkv_bias: q/k/v projections have a bias (always for Qwen2; ``attention_bias`` for Llama).
+        o_bias: The output projection has a bias (Llama's ``attention_bias``).
+        mlp_bias: gate/up/down projections have a bias (Llama's ``mlp_bias``).
+        dtype: Parameter dtype named by the config (used on GPU; CPU always runs float32).
+        eos_token_ids: End-of-sequence ids named by the config.
+    """
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    dtype: torch.dtype = torch.float32
+    eos_token_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def from_hf(cls, raw: Mapping[str, Any]) -> DecoderConfig:
+        """Reads a Hugging Face config (the ``config.json`` dict, or a ``PretrainedConfig``).
+
+        Raises:
+            EngineError: The model type, activation, rotary scaling or sliding window is not
+                supported; the message names the field.
+        """
+        if not isinstance(raw, Mapping):
+            raw = raw.to_dict()
+        model_type = raw.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise EngineError(
+                f"config field 'model_type' is {model_type!r}; the embedded engine supports "
+                f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        act = raw.get("hidden_act", "silu")
+        if act != "silu":
+            raise EngineError(f"config field 'hidden_act' is {act!r}; only 'silu' is supported")
+        if raw.get("use_sliding_window"):
+            raise EngineError("config field 'use_sliding_window' is true; sliding-window "
+                              "attention is not supported")  # fmt: skip
+        heads = int(raw["num_attention_heads"])
+        is_qwen2 = model_type == "qwen2"
+        attention_bias = bool(raw.get("attention_bias", False))
+        return cls(
+            model_type=model_type,
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=int(raw["hidden_size"]),
+            intermediate_size=int(raw["intermediate_size"]),
+            num_layers=int(raw["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=_rope_theta(raw),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            qkv_bias=is_qwen2 or attention_bias,
+            o_bias=not is_qwen2 and attention_bias,
+            mlp_bias=not is_qwen2 and bool(raw.get("mlp_bias", False)),
+            dtype=_config_dtype(raw),
+            eos_token_ids=_as_ids(raw.get("eos_token_id")),
+        )
+
+
+def _rope_theta(raw: Mapping[str, Any]) -> float:
+    """The rotary base, refusing any rotary scaling (transformers 4 and 5 config layouts)."""
+    params = raw.get("rope_parameters")
+    if isinstance(params, Mapping):  # transformers >= 5
+        kind = params.get("rope_type", params.get("type", "default"))
+        if kind not in (None, "default"):
+            raise EngineError(f"config field 'rope_parameters.rope_type' is {kind!r}; only the "
+                              "default rotary embedding is supported")  # fmt: skip
+        return float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    scaling = raw.get("rope_scaling")
+    if scaling:
+        kind = scaling.get("rope_type", scaling.get("type"))
+        if kind not in (None, "default"):
+            raise EngineError(f"config field 'rope_scaling' has type {kind!r}; only the "
+                              "default rotary embedding is supported")  # fmt: skip
+    return float(raw.get("rope_theta", 10000.0))
+
+
+def _config_dtype(raw: Mapping[str, Any]) -> torch.dtype:
+    name = raw.get("dtype") or raw.get("torch_dtype") or "float32"
+    return _DTYPES.get(str(name).removeprefix("torch."), torch.float32)
+
+
+def _as_ids(value: Any) -> tuple[int, ...]:
+    """An ``eos_token_id`` field (absent, an int or a list) as a tuple of ints."""
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)
+
+
+def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
+    """Reads every tensor of a Hugging Face model directory's safetensors files, on CPU.
+
+    A ``model.safetensors.index.json`` selects the shards it names; otherwise every
+    ``*.safetensors`` file in the directory is read.
+
+    Raises:
+        EngineError: The directory holds no safetensors file or a shard is missing.
+    """
+    root = Path(path)
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [root / name for name in names]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise EngineError(f"{index} names shards that do not exist: {missing}")
+    else:
+        files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise EngineError(f"no *.safetensors weights in {root}")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        tensors.update(load_file(str(file), device="cpu"))
+    return tensors
+
+
+class KVCache:
+    """Keys and values of ``num_slots`` sequences: ``[layers, slots, capacity, kv_heads, dim]``.
+
+    Each slot holds one sequence from position 0; the caller tracks its length. ``capacity``
+    grows (doubling, up to ``max_len``) when a write needs it, so a large ``max_len`` costs
+    memory only when sequences get long.
+    """
+
+    def __init__(
+        self, config: DecoderConfig, num_slots: int, max_len: int, *, device: torch.device,
+        dtype: torch.dtype, initial_len: int = 512,
+    ) -> None:  # fmt: skip
+        self.num_slots = num_slots
+        self.max_len = max_len
+        self._shape = (config.num_layers, num_slots, config.num_kv_heads, config.head_dim)
+        self.capacity = 0
+        self.k = torch.empty(0, device=device, dtype=dtype)
+        self.v = torch.empty(0, device=device, dtype=dtype)
+        self.ensure_capacity(min(max_len, initial_len))
+
+    def ensure_capacity(self, length: int) -> None:
+        """Makes room for positions ``0 .. length-1`` in every slot (keeps what is stored)."""
+        if length <= self.capacity:
+            return
+        if length > self.max_len:
+            raise EngineError(f"KV cache needs {length} positions; its limit is {self.max_len}")
+        new_cap = min(self.max_len, max(length, 2 * self.capacity))
+        layers, slots, heads, dim = self._shape
+        shape = (layers, slots, new_cap, heads, dim)
+        # torch.empty leaves pages untouched, so unused capacity costs no resident memory on CPU.
+        k = torch.empty(shape, device=self.k.device, dtype=self.k.dtype)
+        v = torch.empty(shape, device=self.v.device, dtype=self.v.dtype)
+        if self.capacity:
+            with torch.inference_mode():
+                k[:, :, : self.capacity] = self.k
+                v[:, :, : self.capacity] = self.v
+        self.k, self.v, self.capacity = k, v, new_cap
+
+    def move_slot(self, src: int, dst: int, length: int) -> None:
+        """Copies the first ``length`` positions of slot ``src`` into slot ``dst``."""
+        with torch.inference_mode():
+            self.k[:, dst, :length] = self.k[:, src, :length]
+            self.v[:, dst, :length] = self.v[:, src, :length]
+
+
+@dataclasses.dataclass
+class _Layer:
+    """One decoder layer's tensors (fused q/k/v and gate/up; biases are None when absent)."""
+
+    ln1: torch.Tensor
+    w_qkv: torch.Tensor
+    b_qkv: torch.Tensor | None
+    w_o: torch.Tensor
+    b_o: torch.Tensor | None
+    ln2: torch.Tensor
+    w_gate_up: torch.Tensor
+    b_gate_up: torch.Tensor | None
+    w_down: torch.Tensor
+    b_down: torch.Tensor | None
+    w_qkv_t: torch.Tensor = dataclasses.field(init=False)
+    w_o_t: torch.Tensor = dataclasses.field(init=False)
+    w_gate_up_t: torch.Tensor = dataclasses.field(init=False)
+    w_down_t: torch.Tensor = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        # Transposed views for addmm/mm, made once: they follow in-place weight updates.
+        self.w_qkv_t = self.w_qkv.t()
+        self.w_o_t = self.w_o.t()
+        self.w_gate_up_t = self.w_gate_up.t()
+        self.w_down_t = self.w_down.t()
+
+
+class DecoderModel:
+    """A Qwen2 / Llama causal LM held as plain tensors, for inference.
+
+    Build it with :meth:`from_pretrained` (a Hugging Face directory) or :meth:`from_state_dict`.
+    All entry points run under ``torch.inference_mode``.
+    """
+
+    def __init__(self, config: DecoderConfig, *, device: str | torch.device | None = None) -> None:
+        """Allocates zero parameters for ``config``; :meth:`load_state_dict_inplace` fills them.
+
+        Args:
+            config: The architecture.
+            device: Where to run; default CUDA when available, else CPU. CPU always uses float32;
+                CUDA uses the config's dtype.
+        """
+        self.config = config
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = config.dtype if self.device.type == "cuda" else torch.float32
+        self._params: dict[str, torch.Tensor] = {}
+        self._layers = [self._alloc_layer(i) for i in range(config.num_layers)]
+        c = config
+        self.embed = self._alloc("model.embed_tokens.weight", (c.vocab_size, c.hidden_size))
+        self.final_norm = self._alloc("model.norm.weight", (c.hidden_size,))
+        if c.tie_word_embeddings:
+            self.lm_head = self.embed
+        else:
+            self.lm_head = self._alloc("lm_head.weight", (c.vocab_size, c.hidden_size))
+        self.lm_head_t = self.lm_head.t()
+        # 0-dim constants of the norm (see _rms_norm)
+        self._eps = torch.tensor(c.rms_norm_eps, device=self.device)
+        self._inv_width = torch.tensor(1.0 / c.hidden_size, device=self.device)
+        self._ones = torch.ones((), device=self.device)
+        self._rope_len = 0
+        self._cos = self._sin = self._arange = torch.empty(0)
+        self._ensure_rope(c.max_position_embeddings)
+
+    # --- construction -------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, *, device: str | torch.device | None = None
+    ) -> DecoderModel:
+        """Loads ``config.json`` and the safetensors weights (sharded or not) of a directory."""
+        root = Path(path)
+        config_file = root / "config.json"
+        if not config_file.is_file():
+            raise EngineError(f"{root} has no config.json")
+        config = DecoderConfig.from_hf(json.loads(config_file.read_text()))
+        return cls.from_state_dict(config, read_checkpoint(root), device=device)
+
+    @classmethod
+    def from_state_dict(
+        cls, config: DecoderConfig | Mapping[str, Any], state_dict: Mapping[str, torch.Tensor],
+        *, device: str | torch.device | None = None,
+    ) -> DecoderModel:  # fmt: skip
+        """Builds a model from a config (ours or a Hugging Face one) and a complete state dict.
+
+        Raises:
+            EngineError: A parameter is missing, unknown or of the wrong shape.
+        """
+        if not isinstance(config, DecoderConfig):
+            config = DecoderConfig.from_hf(config)
+        model = cls(config, device=device)
+        missing = sorted(set(model._params) - set(state_dict))
+        if config.tie_word_embeddings:
+            missing = [name for name in missing if name != "lm_head.weight"]
+        if missing:
+            raise EngineError(f"state dict lacks {len(missing)} parameter(s): {missing}")
+        model.load_state_dict_inplace(state_dict)
+        return model
+
+    def _alloc(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        tensor = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        self._params[name] = tensor
+        return tensor
+
+    def _alloc_layer(self, index: int) -> _Layer:
+        c = self.config
+        prefix = f"model.layers.{index}."
+        q_rows, kv_rows = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        w_qkv = self._fused(prefix + "self_attn", "weight", (q_rows, kv_rows, kv_rows),
+                            ("q_proj", "k_proj", "v_proj"), c.hidden_size)  # fmt: skip
+        b_qkv = None
+        if c.qkv_bias:
+            b_qkv = self._fused(prefix + "self_attn", "bias", (q_rows, kv_rows, kv_rows),
+                                ("q_proj", "k_proj", "v_proj"), None)  # fmt: skip
+        inter = c.intermediate_size
+        w_gate_up = self._fused(prefix + "mlp", "weight", (inter, inter), ("gate_proj", "up_proj"),
+                                c.hidden_size)  # fmt: skip
+        b_gate_up = None
+        if c.mlp_bias:
+            b_gate_up = self._fused(prefix + "mlp", "bias", (inter, inter),
+                                    ("gate_proj", "up_proj"), None)  # fmt: skip
+        return _Layer(
+            ln1=self._alloc(prefix + "input_layernorm.weight", (c.hidden_size,)),
+            w_qkv=w_qkv,
+            b_qkv=b_qkv,
+            w_o=self._alloc(prefix + "self_attn.o_proj.weight", (c.hidden_size, q_rows)),
+            b_o=self._alloc(prefix + "self_attn.o_proj.bias", (c.hidden_size,)) if c.o_bias
+            else None,
+            ln2=self._alloc(prefix + "post_attention_layernorm.weight", (c.hidden_size,)),
+            w_gate_up=w_gate_up,
+            b_gate_up=b_gate_up,
+            w_down=self._alloc(prefix + "mlp.down_proj.weight", (c.hidden_size, inter)),
+            b_down=self._alloc(prefix + "mlp.down_proj.bias", (c.hidden_size,)) if c.mlp_bias
+            else None,
+        )
+
+    def _fused(
+        self, prefix: str, kind: str, rows: Sequence[int], parts: Sequence[str], cols: int | None
+    ) -> torch.Tensor:
+        """One tensor of ``sum(rows)`` rows whose row blocks are registered under ``parts``."""
+        shape = (sum(rows), cols) if cols is not None else (sum(rows),)
+        fused = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        start = 0
+        for part, count in zip(parts, rows, strict=True):
+            self._params[f"{prefix}.{part}.{kind}"] = fused[start : start + count]
+            start += count
+        return fused
+
+    def _ensure_rope(self, length: int) -> None:
+        """Cos/sin tables for positions ``0 .. length-1`` (Hugging Face's default rotary).
+
+        The sine table carries the half-rotation's sign (``-sin`` on the first half), so the
+        rotation is ``x * cos + roll(x, dim/2) * sin``: one roll instead of slice, negate, cat.
+        """
+        if length <= self._rope_len:
+            return
+        dim = self.config.head_dim
+        inv_freq = 1.0 / (
+            self.config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
+        )
+        freqs = torch.arange(length, dtype=torch.int64).float()[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        sin = emb.sin()
+        sin[:, : dim // 2] = -sin[:, : dim // 2]
+        self._cos = emb.cos().to(self.device, self.dtype)
+        self._sin = sin.to(self.device, self.dtype)
+        self._arange = torch.arange(length, device=self.device)
+        self._rope_len = length
+
+    # --- parameters ---------------------------------------------------------------------
+
+    def named_parameters(self) -> dict[str, torch.Tensor]:
+        """Hugging Face name -> tensor (views into the fused tensors; do not resize)."""
+        return dict(self._params)
+
+    def load_state_dict_inplace(
+        self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+    ) -> int:
+        """Copies tensors into the parameters of the same Hugging Face names.
+
+        Every name and shape is checked before anything is copied, so a bad input changes
+        nothing. A subset of the parameters may be given. ``lm_head.weight`` of a tied model is
+        accepted as the embedding; ``*rotary_emb.inv_freq`` buffers are skipped.
+
+        Returns:
+            How many tensors were copied.
+
+        Raises:
+            EngineError: Listing the unknown names and the shape mismatches.
+        """
+        items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        targets: list[tuple[torch.Tensor, torch.Tensor]] = []
+        unknown, mismatched = [], []
+        for name, tensor in items:
+            if name.endswith(_IGNORED_SUFFIXES):
+                continue
+            target = self._target(name)
+            if target is None:
+                unknown.append(name)
+            elif tuple(tensor.shape) != tuple(target.shape):
+                mismatched.append(f"{name}: got {tuple(tensor.shape)}, "
+                                  f"expected {tuple(target.shape)}")  # fmt: skip
+            else:
+                targets.append((target, tensor))
+        if unknown or mismatched:
+            parts = []
+            if unknown:
+                parts.append(f"unknown names {unknown}")
+            if mismatched:
+                parts.append(f"shape mismatches {mismatched}")
+            raise EngineError("weights do not match the model: " + "; ".join(parts))
+        with torch.inference_mode():
+            for target, tensor in targets:
+                target.copy_(tensor)
+        return len(targets)
+
+    def _target(self, name: str) -> torch.Tensor | None:
+        if name == "lm_head.weight" and self.config.tie_word_embeddings:
+            return self.embed
+        return self._params.get(name)
+
+    # --- forward ------------------------------------------------------------------------
+
+    def new_cache(self, num_slots: int, max_len: int, *, initial_len: int = 512) -> KVCache:
+        """An empty KV cache of ``num_slots`` slots, each up to ``max_len`` positions (memory
+        for ``initial_len`` of them at first; it grows on demand)."""
+        self._ensure_rope(max_len)
+        return KVCache(self.config, num_slots, max_len, device=self.device, dtype=self.dtype,
+                       initial_len=initial_len)  # fmt: skip
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Full causal forward without a cache: ``[batch, seq]`` ids -> float32 logits
+        ``[batch, seq, vocab]``."""
+        with torch.inference_mode():
+            ids = input_ids.to(self.device)
+            batch, seq = ids.shape
+            self._ensure_rope(seq)
+            cos, sin = self._cos[None, :seq, None], self._sin[None, :seq, None]
+
+            def attend(_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+                return _causal_attention(q, k, v)
+
+            hidden = self._trunk(F.embedding(ids, self.embed), cos, sin, attend)
+            return self._logits(hidden.reshape(batch * seq, -1)).view(batch, seq, -1)
+
+    def prefill(self, cache: KVCache, sequences: Sequence[Sequence[int]],
+                slots: Sequence[int]) -> torch.Tensor:  # fmt: skip
+        """Runs new sequences from position 0 and stores their keys/values in ``slots``.
+
+        Sequences of different lengths are right-padded into one batch; the causal mask keeps
+        real tokens from seeing the padding, and the padding's cache entries lie past each
+        slot's length, where decoding masks them and later overwrites them.
+
+        Returns:
+            Float32 logits ``[len(sequences), vocab]`` at each sequence's last token.
+        """
+        with torch.inference_mode():
+            lengths = [len(s) for s in sequences]
+            longest = max(lengths)
+            cache.ensure_capacity(longest)
+            padded = torch.zeros((len(sequences), longest), dtype=torch.long)
+            for row, seq in enumerate(sequences):
+                padded[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+            ids = padded.to(self.device)
+            slot_index = torch.as_tensor(list(slots), dtype=torch.long, device=self.device)
+            cos, sin = self._cos[None, :longest, None], self._sin[None, :longest, None]
+
+            def attend(index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+                cache.k[index, slot_index, :longest] = k
+                cache.v[index, slot_index, :longest] = v
+                return _causal_attention(q, k, v)
+
+            hidden = self._trunk(F.embedding(ids, self.embed), cos, sin, attend)
+            last = torch.as_tensor([n - 1 for n in lengths], device=self.device)
+            rows = torch.arange(len(sequences), device=self.device)
+            return self._logits(hidden[rows, last])
+
+    def decode(
+        self, cache: KVCache, tokens: torch.Tensor, positions: Sequence[int],
+        slots: Sequence[int] | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """Advances each slot by one token.
+
+        Args:
+            cache: The cache the slots live in.
+            tokens: ``[n]`` token ids, one per slot.
+            positions: Each slot's current length: where its token is written.
+            slots: The slots, in ``tokens`` order; ``None`` means ``0 .. n-1``, the fast path
+                (the cache is sliced, not gathered).
+
+        Returns:
+            Float32 logits ``[n, vocab]``.
+        """
+        with torch.inference_mode():
+            count, span = len(positions), max(positions) + 1
+            cache.ensure_capacity(span)
+            pos = torch.tensor(positions, dtype=torch.long, device=self.device)
+            if slots is None:
+                slot_index = self._arange[:count]
+            else:
+                slot_index = torch.tensor(list(slots), dtype=torch.long, device=self.device)
+            # additive mask over the cached span: a slot sees positions up to its own
+            mask = torch.zeros((count, 1, 1, span), device=self.device, dtype=self.dtype)
+            mask.masked_fill_((self._arange[:span] > pos[:, None])[:, None, None], float("-inf"))
+            cos = self._cos.index_select(0, pos)[:, None]
+            sin = self._sin.index_select(0, pos)[:, None]
+            hidden = self.embed.index_select(0, tokens.to(self.device))
+            rope_mask, gathered = (cos, sin, mask), slots is not None
+            for index, layer in enumerate(self._layers):
+                hidden = self._decode_layer(layer, hidden, cache.k[index], cache.v[index],
+                                            slot_index, pos, span, rope_mask, gathered)  # fmt: skip
+            return self._logits(hidden)
+
+    def _decode_layer(
+        self, layer: _Layer, hidden: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor,
+        slot_index: torch.Tensor, pos: torch.Tensor, span: int,
+        rope_mask: tuple[torch.Tensor, torch.Tensor, torch.Tensor], gathered: bool,
+    ) -> torch.Tensor:  # fmt: skip
+        """One layer for one token per row, on 2-D ``[n, hidden]`` activations.
+
+        Written apart from :meth:`_trunk` because at decode time the count of torch calls, not
+        their arithmetic, bounds a small model: 2-D tensors avoid reshapes, and the residual
+        additions ride on the output projections (``addmm``).
+        """
+        c = self.config
+        cos, sin, mask = rope_mask
+        count, heads, kv_heads = hidden.shape[0], c.num_heads, c.num_kv_heads
+        normed = self._rms_norm(hidden, layer.ln1)
+        qkv = _project(normed, layer.w_qkv_t, layer.b_qkv).view(count, -1, c.head_dim)
+        qk = qkv[:, : heads + kv_heads]
+        qk = torch.addcmul(qk * cos, qk.roll(c.head_dim // 2, dims=-1), sin)
+        k_all.index_put_((slot_index, pos), qk[:, heads:])
+        v_all.index_put_((slot_index, pos), qkv[:, heads + kv_heads :])
+        if gathered:
+            k_ctx = k_all.index_select(0, slot_index)[:, :span]
+            v_ctx = v_all.index_select(0, slot_index)[:, :span]
+        else:
+            k_ctx, v_ctx = k_all[:count, :span], v_all[:count, :span]
+        attn = F.scaled_dot_product_attention(
+            qk[:, :heads, None], k_ctx.transpose(1, 2), v_ctx.transpose(1, 2), attn_mask=mask,
+            enable_gqa=True,
+        )  # fmt: skip
+        hidden = _project(attn.reshape(count, -1), layer.w_o_t, layer.b_o, residual=hidden)
+        normed = self._rms_norm(hidden, layer.ln2)
+        gate_up = _project(normed, layer.w_gate_up_t, layer.b_gate_up)
+        inter = c.intermediate_size
+        act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        return _project(act, layer.w_down_t, layer.b_down, residual=hidden)
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """Hugging Face's RMSNorm: ``weight * (x * rsqrt(mean(x^2) + eps))``, statistics in
+        float32.
+
+        Written with tensor constants and in-place steps: Python scalars would each cost a
+        tensor conversion, and at decode time op count, not arithmetic, is the bill.
+        """
+        if x.dtype != torch.float32:
+            return weight * self._rms_norm(x.float(), self._ones).to(x.dtype)
+        inv_rms = torch.addcmul(self._eps, (x * x).sum(-1, keepdim=True), self._inv_width)
+        return torch.mul(x, inv_rms.rsqrt_()).mul_(weight)
+
+    def _trunk(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:  # fmt: skip
+        """The decoder layers on ``[batch, seq, hidden]``; ``attend(layer, q, k, v)`` takes
+        ``[batch, seq, heads, dim]`` tensors and returns the attention output in that layout."""
+        c = self.config
+        batch, seq, _ = hidden.shape
+        heads, kv_heads, dim = c.num_heads, c.num_kv_heads, c.head_dim
+        for index, layer in enumerate(self._layers):
+            normed = self._rms_norm(hidden, layer.ln1)
+            qkv = F.linear(normed, layer.w_qkv, layer.b_qkv).view(batch, seq, -1, dim)
+            # rotary on q and k together (the first heads + kv_heads heads)
+            qk = qkv[:, :, : heads + kv_heads]
+            qk = torch.addcmul(qk * cos, qk.roll(dim // 2, dims=-1), sin)
+            attn = attend(index, qk[:, :, :heads], qk[:, :, heads:], qkv[:, :, heads + kv_heads :])
+            hidden = hidden + F.linear(attn.reshape(batch, seq, heads * dim), layer.w_o, layer.b_o)
+            normed = self._rms_norm(hidden, layer.ln2)
+            gate, up = F.linear(normed, layer.w_gate_up, layer.b_gate_up).chunk(2, dim=-1)
+            hidden = hidden + F.linear(F.silu(gate) * up, layer.w_down, layer.b_down)
+        return hidden
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm and ``lm_head`` on ``[n, hidden]`` rows -> float32 ``[n, vocab]``."""
+        return torch.mm(self._rms_norm(hidden, self.final_norm), self.lm_head_t).float()
+
+
+def _project(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None,
+             residual: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """``residual + x @ weight_t + bias`` on 2-D tensors in as few torch calls as possible."""
+    if residual is None:
+        return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
+    out = torch.addmm(residual, x, weight_t)
+    return out if bias is None else out + bias
+
+
+def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal grouped-query attention on ``[batch, seq, heads, dim]`` tensors."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+    )
+    return out.transpose(1, 2)

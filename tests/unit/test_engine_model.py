@@ -1,0 +1,223 @@
+"""The hand-written decoder against transformers, its KV cache, loading and in-place updates."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from agentrl.chat.tiny_tokenizer import cache_root
+from agentrl.errors import EngineError
+from agentrl.models import TINY_MODEL_CONFIG, build_tiny_model
+from agentrl.rollout.engine.model import DecoderConfig, DecoderModel
+from tests.support.tokenizers import tiny_tokenizer
+
+VOCAB = 320
+TOL = 1e-5
+DECODE_TOL = 1e-4
+"""Cached decode runs other matmul shapes than the reference's one full forward; CPU BLAS picks
+its blocking (and so its float summation order) by shape and thread count, which moved a logit
+by slightly more than 1e-5 once under load. Still far below any change in sampling."""
+
+
+def _small(kind: str, **overrides) -> tuple[torch.nn.Module, dict]:
+    """A random transformers model with perturbed norms and biases (so they matter)."""
+    common = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    common.update(overrides)
+    torch.manual_seed(0)
+    if kind == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                param.normal_(0.0, 0.5).add_(1.0 if "norm" in name else 0.0)
+    return model.eval(), model.config.to_dict()
+
+
+def _reference_logits(hf: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(ids).logits.float()
+
+
+CASES = {
+    "qwen2-tied": ("qwen2", dict(tie_word_embeddings=True)),
+    "qwen2-untied-mha": ("qwen2", dict(tie_word_embeddings=False, num_key_value_heads=4)),
+    "llama-untied": ("llama", dict(tie_word_embeddings=False, num_key_value_heads=1)),
+    "llama-bias-tied": ("llama", dict(tie_word_embeddings=True, attention_bias=True,
+                                      mlp_bias=True)),
+    "llama-head-dim": ("llama", dict(head_dim=16, rope_theta=500.0)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_forward_matches_transformers(case: str) -> None:
+    kind, overrides = CASES[case]
+    hf, config = _small(kind, **overrides)
+    model = DecoderModel.from_state_dict(config, hf.state_dict(), device="cpu")
+    ids = torch.randint(0, VOCAB, (3, 23), generator=torch.Generator().manual_seed(1))
+    ref = _reference_logits(hf, ids)
+    ours = model.forward(ids)
+    assert ours.shape == ref.shape
+    assert torch.allclose(ours, ref, atol=TOL, rtol=0), (ours - ref).abs().max()
+    assert ref.std() > 0.05  # the comparison is not between two near-zero tensors
+
+
+@pytest.mark.parametrize("case", ["qwen2-tied", "llama-bias-tied"])
+def test_cached_decode_matches_full_forward(case: str) -> None:
+    kind, overrides = CASES[case]
+    hf, config = _small(kind, **overrides)
+    model = DecoderModel.from_state_dict(config, hf.state_dict(), device="cpu")
+    gen = torch.Generator().manual_seed(2)
+    seqs = [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in (30, 30, 30)]
+    ref = _reference_logits(hf, torch.tensor(seqs))
+    prompt_lens = [5, 11, 2]
+    # initial_len 4: the cache has to grow (and keep its contents) along the way
+    cache = model.new_cache(num_slots=5, max_len=64, initial_len=4)
+    slots = [3, 0, 4]  # not 0..n-1: exercises the gathered path
+    logits = model.prefill(cache, [s[:n] for s, n in zip(seqs, prompt_lens, strict=True)], slots)
+    for row, n in enumerate(prompt_lens):
+        assert torch.allclose(logits[row], ref[row, n - 1], atol=DECODE_TOL, rtol=0)
+    positions = list(prompt_lens)
+    for _ in range(12):
+        tokens = torch.tensor([seqs[row][p] for row, p in enumerate(positions)])
+        logits = model.decode(cache, tokens, positions, slots=slots)
+        for row, p in enumerate(positions):
+            assert torch.allclose(logits[row], ref[row, p], atol=DECODE_TOL, rtol=0), (row, p)
+        positions = [p + 1 for p in positions]
+    assert cache.capacity >= max(positions)
+    # the contiguous fast path (slots 0..n-1) after moving rows 0 and 2 into slots 0 and 1
+    cache.move_slot(3, 0, positions[0])
+    cache.move_slot(4, 1, positions[2])
+    tokens = torch.tensor([seqs[0][positions[0]], seqs[2][positions[2]]])
+    logits = model.decode(cache, tokens, [positions[0], positions[2]])
+    assert torch.allclose(logits[0], ref[0, positions[0]], atol=DECODE_TOL, rtol=0)
+    assert torch.allclose(logits[1], ref[2, positions[2]], atol=DECODE_TOL, rtol=0)
+
+
+def test_loads_unsharded_and_sharded_directories(tmp_path: Path) -> None:
+    hf, _ = _small("qwen2", tie_word_embeddings=False)
+    ids = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(3))
+    ref = _reference_logits(hf, ids)
+    hf.save_pretrained(tmp_path / "single")
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    for folder in ("single", "sharded"):
+        model = DecoderModel.from_pretrained(tmp_path / folder, device="cpu")
+        assert torch.allclose(model.forward(ids), ref, atol=TOL, rtol=0), folder
+    shard = sorted((tmp_path / "sharded").glob("*.safetensors"))[0]
+    shard.unlink()
+    with pytest.raises(EngineError, match="shards that do not exist"):
+        DecoderModel.from_pretrained(tmp_path / "sharded", device="cpu")
+
+
+def test_missing_parameter_is_named() -> None:
+    hf, config = _small("qwen2", tie_word_embeddings=True)
+    state = dict(hf.state_dict())
+    del state["model.layers.1.mlp.up_proj.weight"]
+    with pytest.raises(EngineError, match=r"model\.layers\.1\.mlp\.up_proj\.weight"):
+        DecoderModel.from_state_dict(config, state, device="cpu")
+
+
+def test_inplace_update_checks_everything_first() -> None:
+    hf, config = _small("qwen2", tie_word_embeddings=True)
+    model = DecoderModel.from_state_dict(config, hf.state_dict(), device="cpu")
+    ids = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(4))
+    before = model.forward(ids)
+    params = model.named_parameters()
+    good = torch.full_like(params["model.norm.weight"], 2.0)
+    bad = {
+        "model.norm.weight": good,  # valid, but must not be applied
+        "model.layers.0.self_attn.q_proj.wieght": torch.zeros(48, 48),
+        "model.layers.0.self_attn.k_proj.weight": torch.zeros(48, 48),  # kv rows are 24
+    }
+    with pytest.raises(EngineError) as info:
+        model.load_state_dict_inplace(bad)
+    message = str(info.value)
+    assert "q_proj.wieght" in message
+    assert "k_proj.weight: got (48, 48), expected (24, 48)" in message
+    assert torch.equal(model.forward(ids), before)
+    assert not torch.equal(params["model.norm.weight"], good)
+
+    # a valid subset is copied, through the fused q/k/v view, and changes the output
+    new_k = torch.randn(24, 48, generator=torch.Generator().manual_seed(5))
+    copied = model.load_state_dict_inplace(
+        [("model.layers.0.self_attn.k_proj.weight", new_k),
+         ("model.layers.0.self_attn.rotary_emb.inv_freq", torch.zeros(6))]
+    )
+    assert copied == 1
+    assert torch.equal(model.named_parameters()["model.layers.0.self_attn.k_proj.weight"], new_k)
+    assert not torch.allclose(model.forward(ids), before)
+    # tied: lm_head.weight is accepted as the embedding
+    embed = torch.randn(VOCAB, 48, generator=torch.Generator().manual_seed(6))
+    model.load_state_dict_inplace({"lm_head.weight": embed})
+    assert torch.equal(model.embed, embed) and model.lm_head is model.embed
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}},
+         "rope_parameters.rope_type"),
+        ({"rope_parameters": None, "rope_scaling": {"type": "linear", "factor": 2.0}},
+         "rope_scaling"),
+        ({"model_type": "gpt2"}, "model_type"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"use_sliding_window": True}, "use_sliding_window"),
+    ],
+)
+def test_unsupported_config_names_the_field(change: dict, field: str) -> None:
+    _, config = _small("qwen2")
+    config.update(change)
+    with pytest.raises(EngineError, match=field.replace(".", r"\.")):
+        DecoderConfig.from_hf(config)
+
+
+def test_config_reading() -> None:
+    _, qwen = _small("qwen2", eos_token_id=[5, 6], tie_word_embeddings=True)
+    parsed = DecoderConfig.from_hf(qwen)
+    assert (parsed.qkv_bias, parsed.o_bias, parsed.mlp_bias) == (True, False, False)
+    assert parsed.eos_token_ids == (5, 6) and parsed.tie_word_embeddings
+    _, llama = _small("llama", attention_bias=True, head_dim=16, rope_theta=123.0)
+    parsed = DecoderConfig.from_hf(llama)
+    assert (parsed.qkv_bias, parsed.o_bias, parsed.mlp_bias) == (True, True, False)
+    assert (parsed.head_dim, parsed.rope_theta) == (16, 123.0)
+    old_style = dict(llama, rope_parameters=None, rope_theta=77.0, rope_scaling=None)
+    assert DecoderConfig.from_hf(old_style).rope_theta == 77.0
+
+
+def test_tiny_model_is_built_once_and_deterministically(tmp_path: Path) -> None:
+    tiny_tokenizer()  # make sure the default cache holds the tokenizer, then reuse it
+    for root in (tmp_path / "a", tmp_path / "b"):
+        shutil.copytree(cache_root() / "tiny-tokenizer-v1", root / "tiny-tokenizer-v1")
+    first = build_tiny_model(tmp_path / "a")
+    assert first == tmp_path / "a" / "tiny-qwen2-v1"
+    stamp = (first / "model.safetensors").stat().st_mtime_ns
+    assert build_tiny_model(tmp_path / "a") == first
+    assert (first / "model.safetensors").stat().st_mtime_ns == stamp  # not rebuilt
+    second = build_tiny_model(tmp_path / "b")
+    a, b = load_file(first / "model.safetensors"), load_file(second / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    config = json.loads((first / "config.json").read_text())
+    for key in ("hidden_size", "num_hidden_layers", "num_key_value_heads", "intermediate_size"):
+        assert config[key] == TINY_MODEL_CONFIG[key]
+    tokenizer = tiny_tokenizer()
+    assert config["vocab_size"] == len(tokenizer) == 4096
+    assert config["eos_token_id"] == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert config["pad_token_id"] == tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert (first / "tokenizer.json").is_file()
+    assert a["model.embed_tokens.weight"].dtype == torch.float32
+
+    hf = Qwen2ForCausalLM.from_pretrained(first).eval()
+    ids = torch.tensor([tokenizer.encode("def f(x):\n    return x")])
+    ours = DecoderModel.from_pretrained(first, device="cpu").forward(ids)
+    assert torch.allclose(ours, _reference_logits(hf, ids), atol=TOL, rtol=0)
