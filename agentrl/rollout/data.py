@@ -1,0 +1,823 @@
+"""Data sources: where the prompts of each rollout come from.
+
+:class:`RolloutDataSource` turns rows of a prompt file (``--prompt-data``: JSONL or Parquet) or
+the tasks of an environment (``--env``) into GROUPS: one list of ``--n-samples-per-prompt``
+fresh :class:`~agentrl.rollout.Sample` objects per prompt, sharing an explicit ``group_id``.
+:class:`RolloutDataSourceWithBuffer` adds a buffer that generated (e.g. partially rolled out)
+groups go back into, served first through an overridable ``buffer_filter``.
+
+Guarantees:
+
+* Order is reproducible: epoch ``e`` is a permutation seeded by ``(--rollout-seed, e)``
+  (``--rollout-shuffle``), or file order. ``save``/``load`` resume exactly where the source
+  stopped: the groups after a restart equal those of an uninterrupted run.
+* Malformed rows are skipped but never silently: each is logged with ``file:line``, the reason
+  and the fix, and recorded in ``skipped_rows``. A file without a usable row is a ``DataError``.
+* ``--streaming-data`` reads JSONL line by line and Parquet batch by batch, so memory does not
+  grow with the file. Its shuffle is APPROXIMATE: a seeded shuffle buffer of
+  ``--shuffle-buffer-size`` rows, so rows far apart in the file rarely swap. ``--num-data-workers
+  N`` parses rows ahead in N threads; the order is the same as with one.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import inspect
+import itertools
+import json
+import logging
+import os
+import queue
+import random
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from agentrl.env.registry import make_env
+from agentrl.errors import AgentRLError, ConfigError, DataError, PluginError
+from agentrl.plugins import load_plugin
+from agentrl.rollout.sample import Sample
+
+__all__ = [
+    "RolloutDataSource",
+    "RolloutDataSourceWithBuffer",
+    "SkippedRow",
+    "load_data_source",
+]
+
+logger = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+_CHUNK_ROWS = 64  # rows per prefetch job: large enough to amortise the hand-off between threads
+
+
+@dataclasses.dataclass(frozen=True)
+class SkippedRow:
+    """A row that was not used, and why.
+
+    Attributes:
+        file: The prompt file (or ``env <id> split <split>`` for an env's task set).
+        line: 1-based line of a JSONL file, row of a Parquet file, or task index + 1.
+        reason: What is wrong and how to fix it.
+    """
+
+    file: str
+    line: int
+    reason: str
+
+
+@dataclasses.dataclass
+class _Record:
+    """A validated row: what every sample of its group is built from."""
+
+    row: dict[str, Any]
+    prompt: Any  # None: ask the env's make_prompt (env task rows without an input_key field)
+    label: Any
+    metadata: dict[str, Any]
+    source: dict[str, Any]
+
+
+@dataclasses.dataclass
+class _Item:
+    """One raw row after parsing, with where the reader stood after it (for ``state_dict``)."""
+
+    record: _Record | None
+    reason: str | None
+    line: int
+    position: int  # rows of the epoch's order consumed once this one is
+    offset: int  # JSONL byte offset / Parquet row after this row (unshuffled streaming only)
+
+
+def _epoch_rng(seed: int, epoch: int) -> random.Random:
+    # A hash, not seed + epoch, so that (seed 1, epoch 0) and (seed 0, epoch 1) differ.
+    digest = hashlib.sha256(f"agentrl-data:{seed}:{epoch}".encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+def _env_seed(seed: int, k: int) -> int:
+    # Hashed rather than seed + k so training seeds do not coincide with eval seeds 0..N.
+    digest = hashlib.sha256(f"agentrl-env-seed:{seed}:{k}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def _arg(args: Any, name: str, default: Any) -> Any:
+    """``args.name``, or ``default`` when it is missing or ``None`` (partial namespaces)."""
+    value = getattr(args, name, None)
+    return default if value is None else value
+
+
+def _check_count(num_samples: Any) -> None:
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 0:
+        raise ValueError(f"num_samples must be an int >= 0, got {num_samples!r}")
+
+
+def _message_problem(message: Any) -> str | None:
+    if not isinstance(message, Mapping):
+        return f"must be a message object, got {type(message).__name__}"
+    if not isinstance(message.get("role"), str) or not message["role"]:
+        return "has no 'role' (str)"
+    if "content" not in message:
+        return "has no 'content'"
+    content = message["content"]
+    if content is None and not message.get("tool_calls"):
+        return "has content null and no tool_calls"
+    if content is not None and not isinstance(content, str | list):
+        return f"content must be a string or a list of parts, got {type(content).__name__}"
+    return None
+
+
+def _shuffle_buffer(items: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
+    """Approximate shuffle in O(size) memory: emit a random buffered item for each new one."""
+    buffer: list[Any] = []
+    for item in items:
+        if len(buffer) < size:
+            buffer.append(item)
+            continue
+        j = rng.randrange(size)
+        buffer[j], item = item, buffer[j]
+        yield item
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+def _read_rows(
+    path: Path, parquet: bool, offset: int = 0, line: int = 0
+) -> Iterator[tuple[int, Any, int]]:
+    """``(line, payload, offset after it)`` in file order from ``offset``, read lazily: JSONL
+    lines as bytes (byte offsets), Parquet rows as dicts (row offsets)."""
+    if parquet:
+        yield from _read_parquet(path, offset)
+        return
+    with open(path, "rb") as f:
+        f.seek(offset)
+        for raw in f:  # buffered line by line: never the whole file
+            line += 1
+            offset += len(raw)
+            if raw.strip():  # blank lines (e.g. a trailing newline) hold no row
+                yield line, raw, offset
+
+
+def _read_parquet(path: Path, start: int) -> Iterator[tuple[int, Any, int]]:
+    import pyarrow.parquet as pq  # heavy; only Parquet users pay for it
+
+    with pq.ParquetFile(path) as pf:
+        row, groups = 0, []
+        for g in range(pf.num_row_groups):  # row groups wholly before ``start`` are not read
+            n = pf.metadata.row_group(g).num_rows
+            if not groups and row + n <= start:
+                row += n
+            else:
+                groups.append(g)
+        if not groups:
+            return
+        for batch in pf.iter_batches(batch_size=1024, row_groups=groups):
+            skip = min(max(start - row, 0), batch.num_rows)
+            row += skip
+            for payload in batch.slice(skip).to_pylist():
+                row += 1
+                yield row, payload, row
+
+
+@dataclasses.dataclass(frozen=True)
+class _RowParser:
+    """Parses and validates rows. Kept apart from the data source so that prefetch threads hold
+    no reference to it (an abandoned source is collected, which stops its threads)."""
+
+    path: str
+    input_key: str
+    label_key: str
+    metadata_key: str
+    tool_key: str | None
+    keep_offset: bool  # byte offsets mean nothing in shuffled order
+    prompt_optional: bool = False  # rows are env tasks: the env builds the prompt
+
+    def job(self, job: tuple[tuple[int, Any, int], int]) -> _Item:
+        """Parses ``(raw row, position after it)``."""
+        (line, payload, offset), position = job
+        offset = offset if self.keep_offset else 0
+        if isinstance(payload, bytes):
+            try:
+                payload = json.loads(payload)
+            except ValueError as exc:
+                hint = " (a .json file must hold one object per line, not an array)" if (
+                    payload.lstrip().startswith(b"[")) else ""
+                return _Item(None, f"not valid JSON ({exc}){hint}; fix or delete the line",
+                             line, position, offset)
+        record = self.validate(payload, line)
+        if isinstance(record, str):
+            return _Item(None, record, line, position, offset)
+        return _Item(record, None, line, position, offset)
+
+    def validate(self, row: Any, line: int) -> _Record | str:
+        """The row as a record, or the reason it is unusable (with the fix)."""
+        if not isinstance(row, dict):
+            return f"a row must be a JSON object, got {type(row).__name__}"
+        key = self.input_key
+        if key not in row and self.prompt_optional:
+            return self._record(row, None, line)
+        if key not in row:
+            return (f"no {key!r} field (--input-key); the row has {sorted(row)[:8]}: add the "
+                    "field or pass --input-key NAME")
+        prompt = row[key]
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                return f"{key!r} is an empty string; give the prompt text"
+        elif isinstance(prompt, list):
+            if not prompt:
+                return f"{key!r} is an empty message list; give at least one message"
+            for i, message in enumerate(prompt):
+                problem = _message_problem(message)
+                if problem is not None:
+                    return (f"{key}[{i}] {problem}; each message needs 'role' and 'content', "
+                            'e.g. {"role": "user", "content": "..."}')
+        else:
+            return (f"{key!r} must be a string or a list of chat messages, got "
+                    f"{type(prompt).__name__}")
+        return self._record(row, prompt, line)
+
+    def _record(self, row: dict[str, Any], prompt: Any, line: int) -> _Record | str:
+        metadata = _json_field(row, self.metadata_key, dict, "an object")
+        if isinstance(metadata, str):
+            return metadata
+        metadata = dict(metadata or {})
+        if self.tool_key is not None:
+            tools = _json_field(row, self.tool_key, list, "a list of tool schemas")
+            if isinstance(tools, str):
+                return tools
+            if tools is not None:
+                metadata["tools"] = tools
+        source = {"file": self.path, "line": line}
+        return _Record(row, prompt, row.get(self.label_key), metadata, source)
+
+
+def _json_field(row: dict[str, Any], key: str, kind: type, what: str) -> Any:
+    """``row[key]`` as ``kind`` (a JSON string of it is decoded, as Parquet often stores nested
+    data), ``None`` when absent, or the problem as a ``str``."""
+    value = row.get(key)
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return f"{key!r} is a string that is not JSON; it must be {what}"
+    if value is not None and not isinstance(value, kind):
+        return f"{key!r} must be {what}, got {type(value).__name__}"
+    return value
+
+
+class _Prefetcher:
+    """Applies ``fn`` to chunks of ``source`` in worker threads, yielding results in order.
+
+    A feeder thread submits chunks; their futures wait in a bounded FIFO queue, so at most
+    ``depth`` chunks are in memory and the consumer resolves them in submission order.
+    """
+
+    _END = object()
+
+    def __init__(self, source: Iterator[Any], fn: Callable[[Any], Any], workers: int) -> None:
+        self._fn = fn
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="agentrl-data")
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=2 * workers)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._feed, args=(source,), name="agentrl-data-feeder", daemon=True
+        )
+        self._thread.start()
+
+    def _chunk_job(self, chunk: list[Any]) -> list[Any]:
+        return [self._fn(x) for x in chunk]
+
+    def _feed(self, source: Iterator[Any]) -> None:
+        try:
+            while chunk := list(itertools.islice(source, _CHUNK_ROWS)):
+                if not self._put(self._pool.submit(self._chunk_job, chunk)):
+                    return
+            self._put(self._END)
+        except BaseException as exc:  # noqa: BLE001 - a reader failure must reach the consumer
+            self._put(exc)
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            item = self._queue.get()
+            if item is self._END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            assert isinstance(item, Future)
+            yield from item.result()
+
+    def close(self) -> None:
+        """Stops the feeder and the workers; safe to call twice."""
+        self._stop.set()
+        self._thread.join()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _inline(jobs: Iterator[Any], fn: Callable[[Any], _Item]) -> Iterator[_Item]:
+    try:
+        yield from map(fn, jobs)
+    finally:  # closes the file now rather than at garbage collection
+        close = getattr(jobs, "close", None)
+        if close is not None:
+            close()
+
+
+def _prefetched(jobs: Iterator[Any], fn: Callable[[Any], _Item], workers: int) -> Iterator[_Item]:
+    prefetcher = _Prefetcher(jobs, fn, workers)
+    try:
+        yield from prefetcher
+    finally:  # on exhaustion, close() (new epoch, load_state_dict) or garbage collection
+        prefetcher.close()
+
+
+class RolloutDataSource:
+    """Prompts as groups of fresh samples, from ``--prompt-data`` or the ``--env`` task set.
+
+    Args:
+        args: A namespace (``argparse.Namespace`` or a config dataclass) read with defaults:
+            ``prompt_data``, ``input_key="prompt"``, ``label_key="label"``,
+            ``metadata_key="metadata"``, ``tool_key=None``, ``rollout_shuffle=False``,
+            ``rollout_seed=42``, ``n_samples_per_prompt=1``, ``streaming_data=False``,
+            ``num_data_workers=1``, ``env=None``, ``env_split="train"``,
+            ``shuffle_buffer_size=10000`` (a missing or ``None`` attribute takes the default).
+            ``num_data_workers`` matters only when streaming: in memory, rows are parsed once
+            at start-up.
+
+    With ``env`` set, file rows are that env's task rows: ``input_key`` is optional (the env
+    builds the prompt from the row in ``reset``). Without ``prompt_data`` the env's
+    ``task_set(env_split)`` is used; an env without a task
+    set gives an endless stream of seeds (``metadata["seed"]``, no ``"task"``; the prompt is
+    empty and comes from ``env.reset(seed=...)``).
+
+    Raises:
+        DataError: No source, a missing or unsupported file, or no usable row.
+        ConfigError: ``n_samples_per_prompt``, ``num_data_workers`` or ``shuffle_buffer_size``
+            below 1.
+    """
+
+    def __init__(self, args: Any) -> None:
+        self.args = args
+        self.input_key: str = _arg(args, "input_key", "prompt")
+        self.label_key: str = _arg(args, "label_key", "label")
+        self.metadata_key: str = _arg(args, "metadata_key", "metadata")
+        self.tool_key: str | None = _arg(args, "tool_key", None)
+        self.shuffle = bool(_arg(args, "rollout_shuffle", False))
+        self.seed = int(_arg(args, "rollout_seed", 42))
+        self.n_samples_per_prompt = self._positive(args, "n_samples_per_prompt", 1)
+        self.num_workers = self._positive(args, "num_data_workers", 1)
+        self.shuffle_buffer_size = self._positive(args, "shuffle_buffer_size", 10000)
+        self.skipped_rows: list[SkippedRow] = []
+        self._epoch = 0
+        self._position = 0
+        self._offset = 0
+        self._line = 0
+        self._next_group_id = 0
+        self._any_valid = False
+        self._iter: Iterator[_Item] | None = None
+        self._records: list[_Record] | None = None  # in memory: file rows or env tasks
+        self._order: tuple[int, list[int]] | None = None  # (epoch, permutation) cache
+        self._env: Any = None
+        self._seeds = False  # an env without a task set: an endless stream of seeds
+        self._path: Path | None = None
+        self._parquet = False
+        self._parser: _RowParser | None = None
+        self._env_id: str | None = _arg(args, "env", None)
+        self._env_split: str = _arg(args, "env_split", "train")
+        prompt_data = _arg(args, "prompt_data", None)
+        self.streaming = bool(_arg(args, "streaming_data", False)) and prompt_data is not None
+        if prompt_data is not None:
+            self._open_file(Path(prompt_data))
+        elif self._env_id is not None:
+            self._open_env(self._env_id)
+        else:
+            raise DataError(
+                "no prompt source: pass --prompt-data FILE (.jsonl or .parquet) or --env ENV_ID "
+                "(its task set, or seeds when it has none)"
+            )
+
+    @staticmethod
+    def _positive(args: Any, name: str, default: int) -> int:
+        value = _arg(args, name, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
+        return value
+
+    # -- sources -------------------------------------------------------------------------------
+
+    def _open_file(self, path: Path) -> None:
+        if not path.is_file():
+            raise DataError(f"--prompt-data {str(path)!r}: no such file")
+        if path.suffix not in (".jsonl", ".json", ".parquet"):
+            raise DataError(
+                f"--prompt-data {str(path)!r}: unsupported format {path.suffix!r}; "
+                "use JSONL (.jsonl/.json, one object per line) or Parquet (.parquet)"
+            )
+        self._path = path
+        self._parquet = path.suffix == ".parquet"
+        self._parser = _RowParser(str(path), self.input_key, self.label_key, self.metadata_key,
+                                  self.tool_key, keep_offset=not self.shuffle,
+                                  prompt_optional=self._env_id is not None)  # fmt: skip
+        if self.streaming:
+            self._probe()
+            return
+        items = [self._parser.job((raw, 0)) for raw in _read_rows(path, self._parquet)]
+        for item in items:
+            if item.reason is not None:
+                self._skip(item)
+        self._records = [item.record for item in items if item.record is not None]
+        if not self._records:
+            self._no_rows([f"line {r.line}: {r.reason}" for r in self.skipped_rows[:5]])
+        self._any_valid = True
+
+    def _probe(self) -> None:
+        """Fails at start-up rather than mid-run when a streamed file has no usable row; reads
+        only up to the first valid row, so memory stays flat (rows are reported later, when the
+        first epoch reaches them)."""
+        problems: list[str] = []
+        assert self._path is not None and self._parser is not None
+        for raw in _read_rows(self._path, self._parquet):
+            item = self._parser.job((raw, 0))
+            if item.record is not None:
+                return
+            if len(problems) < 5:
+                problems.append(f"line {item.line}: {item.reason}")
+        self._no_rows(problems)
+
+    def _no_rows(self, problems: list[str]) -> None:
+        detail = "; ".join(problems) if problems else "the file is empty"
+        raise DataError(f"--prompt-data {str(self._path)!r} has no usable row: {detail}")
+
+    def _open_env(self, env_id: str) -> None:
+        self._env = make_env(env_id)
+        try:
+            tasks = self._env.task_set(self._env_split)
+        except AgentRLError:
+            self._seeds = True
+            return
+        where = f"env {env_id} split {self._env_split}"
+        records = []
+        for index, task in enumerate(tasks):
+            if not isinstance(task, Mapping):
+                self._skip(_Item(None, f"a task must be a mapping, got {type(task).__name__}",
+                                 index + 1, 0, 0), file=where)
+                continue
+            task = dict(task)
+            prompt = task.get(self.input_key)
+            if not (isinstance(prompt, str) and prompt) and not (
+                isinstance(prompt, list) and prompt
+                and all(_message_problem(m) is None for m in prompt)
+            ):
+                prompt = None  # the env builds it from the task (make_prompt)
+            metadata = task.get(self.metadata_key)
+            records.append(_Record(
+                task, prompt, task.get(self.label_key),
+                dict(metadata) if isinstance(metadata, Mapping) else {},
+                {"env": env_id, "split": self._env_split, "index": index},
+            ))  # fmt: skip
+        if not records:
+            raise DataError(f"{where}: the task set is empty; pick another --env-split")
+        self._records = records
+        self._any_valid = True
+
+    def _skip(self, item: _Item, file: str | None = None) -> None:
+        skipped = SkippedRow(file or str(self._path), item.line, item.reason or "")
+        self.skipped_rows.append(skipped)
+        logger.warning("skipping %s:%d: %s", skipped.file, skipped.line, skipped.reason)
+
+    # -- epochs --------------------------------------------------------------------------------
+
+    def _permutation(self, epoch: int) -> list[int]:
+        assert self._records is not None
+        if self._order is None or self._order[0] != epoch:
+            order = list(range(len(self._records)))
+            if self.shuffle:
+                _epoch_rng(self.seed, epoch).shuffle(order)
+            self._order = (epoch, order)
+        return self._order[1]
+
+    def _open_epoch(self) -> Iterator[_Item]:
+        """The rest of the current epoch, from the saved position."""
+        if self._seeds:
+            return self._seed_items(self._position)
+        if self._records is not None:
+            order, start = self._permutation(self._epoch), self._position
+            return (_Item(self._records[i], None, 0, start + k + 1, 0)
+                    for k, i in enumerate(order[start:]))
+        parser = self._parser
+        assert self._path is not None and parser is not None
+        if self.shuffle:
+            raws: Iterator[Any] = _shuffle_buffer(
+                _read_rows(self._path, self._parquet), self.shuffle_buffer_size,
+                _epoch_rng(self.seed, self._epoch),
+            )
+            # Resuming replays the (seeded) buffer up to the saved position; only raw lines are
+            # re-read, nothing is parsed.
+            raws = itertools.islice(raws, self._position, None)
+        else:
+            raws = _read_rows(self._path, self._parquet, self._offset, self._line)
+        jobs = ((raw, k) for k, raw in enumerate(raws, start=self._position + 1))
+        if self.num_workers <= 1:
+            return _inline(jobs, parser.job)
+        return _prefetched(jobs, parser.job, self.num_workers)
+
+    def _seed_items(self, start: int) -> Iterator[_Item]:
+        for k in itertools.count(start):
+            seed = _env_seed(self.seed, k)
+            source = {"env": self._env_id, "split": self._env_split, "index": k}
+            record = _Record({"seed": seed}, "", None, {"seed": seed}, source)
+            yield _Item(record, None, k + 1, k + 1, 0)
+
+    def _next_record(self) -> _Record:
+        while True:
+            if self._iter is None:
+                self._iter = self._open_epoch()
+            item = next(self._iter, None)
+            if item is None:
+                if not self._any_valid:  # guards against looping over a file emptied meanwhile
+                    self._no_rows([])
+                self._close_iter()
+                self._epoch += 1
+                self._position = self._offset = self._line = 0
+                continue
+            self._position, self._offset, self._line = item.position, item.offset, item.line
+            if item.record is None:
+                if self._epoch == 0:  # later epochs meet the same rows again: report once
+                    self._skip(item)
+                continue
+            self._any_valid = True
+            return item.record
+
+    def _close_iter(self) -> None:
+        close = getattr(self._iter, "close", None)
+        if close is not None:
+            close()
+        self._iter = None
+
+    def _make_group(self, record: _Record) -> list[Sample]:
+        group_id = self._next_group_id
+        self._next_group_id += 1
+        prompt = record.prompt
+        if prompt is None:  # the env builds it from the task row (in reset)
+            prompt = self._env_prompt(record.row) if self._env is not None else ""
+        group = []
+        for index in range(self.n_samples_per_prompt):
+            # Every sample owns its objects: custom generate functions mutate prompts in place.
+            metadata = copy.deepcopy(record.metadata)
+            if not self._seeds:  # a seed has no row: the env draws the task in reset(seed=...)
+                metadata["task"] = copy.deepcopy(record.row)
+            metadata["source"] = dict(record.source)
+            group.append(Sample(
+                group_id=group_id, index=index, prompt=copy.deepcopy(prompt),
+                label=copy.deepcopy(record.label), metadata=metadata,
+            ))  # fmt: skip
+        return group
+
+    def _env_prompt(self, task: dict[str, Any]) -> Any:
+        try:
+            prompt = self._env.make_prompt(task)
+        except Exception as exc:  # noqa: BLE001 - the runner rebuilds it in reset(); just say so
+            logger.warning("%s.make_prompt failed (%s); the prompt comes from reset()",
+                           type(self._env).__name__, exc)
+            return ""
+        if inspect.iscoroutine(prompt):  # an async hook: not run here, reset() will
+            prompt.close()
+            return ""
+        return prompt
+
+    # -- public API ----------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """Passes over the data completed so far (0 during the first)."""
+        return self._epoch
+
+    @property
+    def num_skipped_rows(self) -> int:
+        """Number of malformed rows skipped (each also in :attr:`skipped_rows`)."""
+        return len(self.skipped_rows)
+
+    def __len__(self) -> int:
+        """Usable rows (prompts) per epoch.
+
+        Raises:
+            TypeError: Unknown: streaming data, or an endless seed stream.
+        """
+        if self._records is None:
+            raise TypeError("the number of prompts is unknown (streaming data or env seeds)")
+        return len(self._records)
+
+    def __bool__(self) -> bool:
+        return True  # without this, bool() would call __len__, which may raise
+
+    def get_samples(self, num_samples: int) -> list[list[Sample]]:
+        """The next ``num_samples`` groups, each ``n_samples_per_prompt`` fresh samples.
+
+        Raises:
+            ValueError: ``num_samples`` is negative.
+            DataError: The data has no usable row.
+        """
+        _check_count(num_samples)
+        return [self._make_group(self._next_record()) for _ in range(num_samples)]
+
+    def add_samples(self, samples: list[list[Sample]]) -> None:
+        """Called with generated groups; this source does not keep them."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the source stands, as JSON-compatible data."""
+        return {
+            "version": STATE_VERSION,
+            "config": self._fingerprint(),
+            "epoch": self._epoch,
+            "position": self._position,
+            "offset": self._offset,
+            "line": self._line,
+            "next_group_id": self._next_group_id,
+            "any_valid": self._any_valid,
+            "num_skipped_rows": len(self.skipped_rows),
+            "skipped_rows": [dataclasses.asdict(r) for r in self.skipped_rows],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continues from ``state`` (from :meth:`state_dict`).
+
+        Raises:
+            DataError: The state is from an unknown version.
+        """
+        if state.get("version") != STATE_VERSION:
+            raise DataError(f"data source state version {state.get('version')!r} is not "
+                            f"{STATE_VERSION}; it was saved by another agentrl version")
+        saved = state.get("config", {})
+        changed = {k: (v, saved.get(k)) for k, v in self._fingerprint().items()
+                   if saved.get(k) != v}
+        if changed:
+            logger.warning("data source settings changed since the state was saved "
+                           "(now, then): %s; the resumed order will differ", changed)
+        self._close_iter()
+        self._epoch, self._position = int(state["epoch"]), int(state["position"])
+        self._offset, self._line = int(state["offset"]), int(state["line"])
+        self._next_group_id = int(state["next_group_id"])
+        self._any_valid = self._any_valid or bool(state["any_valid"])
+        if self.streaming:  # in memory, the rows skipped were found again at load time
+            self.skipped_rows = [SkippedRow(**r) for r in state["skipped_rows"]]
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes :meth:`state_dict` as JSON (atomically: a crash leaves the old file)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.state_dict(), ensure_ascii=False))
+        os.replace(tmp, path)
+
+    def load(self, path: str | os.PathLike[str]) -> None:
+        """Reads a file written by :meth:`save` and continues from it."""
+        self.load_state_dict(json.loads(Path(path).read_text()))
+
+    def close(self) -> None:
+        """Stops prefetch threads and closes the env; the source may still be used after."""
+        self._close_iter()
+        if self._env is not None:
+            self._env.close()
+
+    def _fingerprint(self) -> dict[str, Any]:
+        return {
+            "source": str(self._path) if self._path is not None else self._env_id,
+            "env_split": self._env_split if self._path is None else None,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "streaming": self.streaming,
+            "shuffle_buffer_size": self.shuffle_buffer_size if self.streaming else None,
+            "n_samples_per_prompt": self.n_samples_per_prompt,
+        }
+
+
+class RolloutDataSourceWithBuffer(RolloutDataSource):
+    """A data source that serves buffered groups (e.g. partial rollouts) before fresh ones.
+
+    Override :meth:`buffer_filter` in a subclass (call ``super().__init__(args)`` if you also
+    override ``__init__``), or name a function ``(args, buffer, num_samples) -> groups`` with
+    ``--buffer-filter-path``; a subclass's override takes precedence over the flag.
+    """
+
+    def __init__(self, args: Any) -> None:
+        super().__init__(args)
+        self.buffer: list[list[Sample]] = []
+        spec = getattr(args, "buffer_filter_path", None)
+        self._filter_name = f"{type(self).__qualname__}.buffer_filter"
+        self._filter_fn: Callable[..., Any] | None = None
+        if spec:
+            self._filter_fn = load_plugin(spec, flag="--buffer-filter-path")
+            if not callable(self._filter_fn):
+                raise PluginError(f"--buffer-filter-path {spec!r} is not callable")
+            if type(self).buffer_filter is RolloutDataSourceWithBuffer.buffer_filter:
+                self._filter_name = f"--buffer-filter-path {spec}"
+
+    def add_samples(self, samples: list[list[Sample]]) -> None:
+        """Appends groups to the buffer.
+
+        Raises:
+            TypeError: ``samples`` is not a list of non-empty lists of samples that each share
+                one ``group_id``.
+        """
+        if not isinstance(samples, list):
+            raise TypeError(f"add_samples takes a list of groups, got {type(samples).__name__}")
+        for i, group in enumerate(samples):
+            if not isinstance(group, list) or not group:
+                raise TypeError(f"add_samples: item {i} must be a non-empty list of Samples "
+                                f"(one group), got {type(group).__name__} {group!r:.60}")
+            if not all(isinstance(s, Sample) for s in group):
+                kinds = sorted({type(s).__name__ for s in group})
+                raise TypeError(f"add_samples: group {i} holds {kinds}, not only Sample")
+            ids = {s.group_id for s in group}
+            if len(ids) != 1:
+                raise TypeError(f"add_samples: group {i} mixes group ids {sorted(map(str, ids))};"
+                                " pass one list per group")
+        self.buffer.extend(samples)
+
+    def buffer_filter(
+        self, args: Any, buffer: list[list[Sample]], num_samples: int
+    ) -> list[list[Sample]]:
+        """Chooses up to ``num_samples`` groups of ``buffer`` to serve now (default: oldest
+        first). ``buffer`` is a copy of the list, so reordering it is safe; return the group
+        lists themselves (they are matched by identity and removed from the buffer)."""
+        if self._filter_fn is not None:
+            return self._filter_fn(args, buffer, num_samples)
+        return buffer[:num_samples]
+
+    def get_samples(self, num_samples: int) -> list[list[Sample]]:
+        """Buffered groups chosen by :meth:`buffer_filter`, then fresh ones for the rest.
+
+        Raises:
+            PluginError: The filter returned more than ``num_samples`` groups, a group twice,
+                or a group that was not in the buffer.
+        """
+        _check_count(num_samples)
+        groups = self._take_buffered(num_samples) if self.buffer and num_samples > 0 else []
+        return groups + super().get_samples(num_samples - len(groups))
+
+    def _take_buffered(self, num_samples: int) -> list[list[Sample]]:
+        chosen = self.buffer_filter(self.args, list(self.buffer), num_samples)
+        name = self._filter_name
+        if not isinstance(chosen, list | tuple):
+            raise PluginError(f"{name} must return a list of groups, got {type(chosen).__name__}")
+        if len(chosen) > num_samples:
+            raise PluginError(f"{name} returned {len(chosen)} groups; at most {num_samples} "
+                              "were asked for")
+        in_buffer = {id(g) for g in self.buffer}
+        taken: set[int] = set()
+        for group in chosen:
+            if id(group) not in in_buffer:
+                raise PluginError(f"{name} returned a group that is not in the buffer; return "
+                                  "the buffer's own group lists, not copies or new groups")
+            if id(group) in taken:
+                raise PluginError(f"{name} returned the same group twice")
+            taken.add(id(group))
+        self.buffer = [g for g in self.buffer if id(g) not in taken]
+        return list(chosen)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The base state plus the buffered groups (as :meth:`Sample.to_dict`)."""
+        state = super().state_dict()
+        state["buffer"] = [[s.to_dict() for s in group] for group in self.buffer]
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores position and buffer from :meth:`state_dict` data."""
+        super().load_state_dict(state)
+        self.buffer = [[Sample.from_dict(s) for s in group] for group in state.get("buffer", [])]
+
+
+def load_data_source(args: Any) -> RolloutDataSource:
+    """The data source for a run: the class named by ``--data-source-path`` (built with
+    ``args``), else :class:`RolloutDataSourceWithBuffer`.
+
+    Raises:
+        PluginError: The plug-in cannot be loaded or lacks ``get_samples``/``add_samples``.
+    """
+    spec = getattr(args, "data_source_path", None)
+    if not spec:
+        return RolloutDataSourceWithBuffer(args)
+    cls = load_plugin(spec, flag="--data-source-path")
+    if not callable(cls):
+        raise PluginError(f"--data-source-path {spec!r} is not a class")
+    source = cls(args)
+    missing = [m for m in ("get_samples", "add_samples") if not callable(getattr(source, m, None))]
+    if missing:
+        raise PluginError(f"--data-source-path {spec!r}: {type(source).__name__} has no "
+                          f"{', '.join(missing)}; subclass agentrl.rollout.data.RolloutDataSource")
+    return source
