@@ -55,13 +55,18 @@ def _cmd_check_env(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     import asyncio
 
-    from agentrl.eval.runner import evaluate, format_table, write_outputs
+    from agentrl.eval.runner import evaluate, evaluate_model, format_table, write_outputs
 
-    result, records = asyncio.run(evaluate(
-        args.env, policy=args.policy, split=args.split, limit=args.limit,
-        n_samples=args.n_samples, concurrency=args.concurrency,
-        env_kwargs=_parse_kwargs(args.env_kwarg),
-    ))
+    common = {"split": args.split, "limit": args.limit, "n_samples": args.n_samples,
+              "concurrency": args.concurrency, "env_kwargs": _parse_kwargs(args.env_kwarg)}
+    if args.policy == "model":
+        result, records = asyncio.run(evaluate_model(
+            args.env, hf_checkpoint=args.hf_checkpoint, temperature=args.temperature,
+            max_response_len=args.max_response_len, max_context_len=args.max_context_len,
+            tool_call_format=args.tool_call_format, **common,
+        ))  # fmt: skip
+    else:
+        result, records = asyncio.run(evaluate(args.env, policy=args.policy, **common))
     print(format_table(result))
     if args.output:
         episodes = write_outputs(args.output, result, records)
@@ -92,7 +97,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test", help="task split (default: test)")
     p.add_argument("--limit", type=int, default=None, help="first N tasks of the split")
     p.add_argument("--n-samples", type=int, default=1, help="episodes per task (pass@k)")
-    p.add_argument("--policy", default="oracle", help="oracle | null")
+    p.add_argument("--policy", default="oracle", choices=["oracle", "null", "model"],
+                   help="the env's scripted expert, a do-nothing policy, or a language model")
+    p.add_argument("--hf-checkpoint", default=None,
+                   help="--policy model: Hugging Face model directory (default: built-in tiny model)")
+    p.add_argument("--temperature", type=float, default=1.0, help="--policy model: sampling "
+                   "temperature (0: greedy)")
+    p.add_argument("--max-response-len", type=int, default=512,
+                   help="--policy model: new tokens per turn at most")
+    p.add_argument("--max-context-len", type=int, default=None,
+                   help="--policy model: prompt + response tokens (default: the model's)")
+    p.add_argument("--tool-call-format", default="hermes", help="--policy model: how the model "
+                   "writes tool calls")
     p.add_argument("--concurrency", type=int, default=8, help="episodes played at once")
     p.add_argument("--output", default=None, help="summary JSON path (episodes JSONL beside it)")
     p.add_argument(

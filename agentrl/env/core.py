@@ -314,6 +314,15 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
             await self._close_episode()
         return observation, reward, terminated, truncated, info
 
+    async def arun_tool(self, call: ToolCall) -> ToolOutcome:
+        """Runs one tool call in the current episode (its injected state and sandbox) outside
+        :meth:`step`: no turn is counted and nothing is added to :attr:`messages`. Used by
+        custom generate functions that drive tools themselves. Failures come back as the
+        outcome's error, as in :meth:`step`."""
+        if self.state is None or not self._episode_open:
+            raise ResetNeeded("call reset() before running tools")
+        return await self.toolbox.run(call, self._context)
+
     async def aclose(self) -> None:
         """Async form of :meth:`close` for code already running in an event loop."""
         await self._close_episode()

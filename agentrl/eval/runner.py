@@ -2,7 +2,8 @@
 
 A policy is a function ``(env, task, history) -> action``. Built in: ``oracle`` (the env's
 scripted expert, :meth:`ToolEnv.oracle_action`) and ``null`` (:meth:`ToolEnv.null_action`,
-which does no work). Model policies plug in here once the rollout engine serves them.
+which does no work). ``model`` (:func:`evaluate_model`) plays a language model served by the
+embedded engine, through the same token-in/token-out episode runner that training uses.
 """
 
 from __future__ import annotations
@@ -35,10 +36,7 @@ def scripted_policy(name: str) -> Policy:
         return lambda env, task, history: env.oracle_action(task, history)
     if name == "null":
         return lambda env, task, history: env.null_action(task, history)
-    raise AgentRLError(
-        f"unknown policy {name!r}: choose 'oracle' or 'null' (serving a model as a policy "
-        "needs the rollout engine, which is not part of this build yet)"
-    )
+    raise AgentRLError(f"unknown policy {name!r}: choose 'oracle', 'null' or 'model'")
 
 
 @dataclasses.dataclass
@@ -169,6 +167,89 @@ async def evaluate(
     wall = time.perf_counter() - start
     records.sort(key=lambda r: (r.task_id, r.sample))
     return summarize(spec_id, policy, split, len(tasks), n_samples, records, wall), records
+
+
+async def evaluate_model(
+    env_id: str,
+    *,
+    hf_checkpoint: str | None = None,
+    split: str = "test",
+    limit: int | None = None,
+    n_samples: int = 1,
+    concurrency: int = 8,
+    env_kwargs: Mapping[str, Any] | None = None,
+    temperature: float = 1.0,
+    max_response_len: int = 512,
+    max_context_len: int | None = None,
+    tool_call_format: str = "hermes",
+) -> tuple[EvalResult, list[EpisodeRecord]]:
+    """Like :func:`evaluate`, with a model as the policy: ``hf_checkpoint`` (default: the
+    built-in tiny model) served by the embedded engine, episodes played by the rollout's
+    episode runner (so what is evaluated is exactly what training samples)."""
+    from agentrl.rollout.build import load_policy_engine, make_rollout_context
+    from agentrl.rollout.config import RolloutConfig
+    from agentrl.rollout.episode import Episode
+    from agentrl.rollout.sample import Sample
+
+    if n_samples < 1 or concurrency < 1:
+        raise AgentRLError("--n-samples and --concurrency must be >= 1")
+    config = RolloutConfig(
+        env=env_id, hf_checkpoint=hf_checkpoint, rollout_temperature=temperature,
+        rollout_max_response_len=max_response_len, rollout_max_context_len=max_context_len,
+        rollout_concurrency=concurrency, tool_call_format=tool_call_format,
+    )  # fmt: skip
+    config.validate()
+    probe = make_env(env_id, **dict(env_kwargs or {}))
+    spec_id = probe.env_id or env_id
+    try:
+        tasks: list[Mapping[str, Any] | None] = list(probe.task_set(split, limit))
+    except AgentRLError:
+        tasks = [None] * (limit or 100)
+    probe.close()
+    engine = load_policy_engine(config)
+    try:
+        ctx = make_rollout_context(config, engine, engine.tokenizer, env_kwargs=env_kwargs)
+        semaphore = asyncio.Semaphore(concurrency)
+
+        async def play(index: int, task: Mapping[str, Any] | None, sample_index: int) -> EpisodeRecord:
+            meta = {"task": dict(task)} if task is not None else {"seed": index * 1000 + sample_index}
+            episode = Episode(ctx, Sample(group_id=index, index=sample_index, metadata=meta),
+                              f"eval-{index}-{sample_index}")  # fmt: skip
+            async with semaphore:
+                started = time.perf_counter()
+                sample = await episode.run()
+            return _record(sample, episode.history, time.perf_counter() - started)
+
+        start = time.perf_counter()
+        records = list(await asyncio.gather(*(
+            play(i, task, j) for i, task in enumerate(tasks) for j in range(n_samples))))
+        wall = time.perf_counter() - start
+    finally:
+        await engine.close()
+    records.sort(key=lambda r: (r.task_id, r.sample))
+    label = f"model:{hf_checkpoint or 'tiny'}"
+    return summarize(spec_id, label, split, len(tasks), n_samples, records, wall), records
+
+
+def _record(sample: Any, history: list[dict[str, Any]], total_s: float) -> EpisodeRecord:
+    """An :class:`EpisodeRecord` of a played :class:`~agentrl.Sample`."""
+    meta = sample.metadata
+    task = meta.get("task") or {}
+    task_id = str(meta.get("task_id") or task.get("id", task.get("task_id", f"seed-{meta.get('seed')}")))
+    assistant = [t for t in sample.turns if t.role == "assistant"]
+    error = meta.get("error") if sample.status.value == "failed" else None
+    reward = float(sample.reward or 0.0)
+    return EpisodeRecord(
+        task_id=task_id, sample=sample.index, reward=reward,
+        success=error is None and reward >= SUCCESS_REWARD,
+        terminated=meta.get("finish") == "env", truncated=sample.status.value == "truncated",
+        turns=int(meta.get("turns", 0)), tool_calls=sum(len(t.tool_names) for t in assistant),
+        tool_errors=dict(meta.get("tool_errors", {})),
+        policy_s=sum(t.generate_s for t in assistant), tools_s=sum(t.tools_s for t in assistant),
+        grading_s=sum(t.reward_s for t in assistant), total_s=total_s, error=error,
+        messages=[*history, {"role": "assistant", "content": sample.response}]
+        if meta.get("finish") == "env" else list(history),
+    )  # fmt: skip
 
 
 def summarize(

@@ -1,9 +1,59 @@
-"""Rollout: the ``Sample`` record (engines, the episode runner, data sources and rewards come
-in later issues).
+"""Rollout: playing episodes with the policy engine and turning them into ``Sample`` records.
 
-Imports neither Ray, Megatron nor SGLang.
+The stages, in data-flow order:
+
+* :mod:`~agentrl.rollout.data` - prompts as groups of samples (``RolloutDataSource``,
+  ``RolloutDataSourceWithBuffer``): JSONL/Parquet files or an env's task set.
+* :mod:`~agentrl.rollout.engine` - the engine contract (SGLang-shaped) and the embedded torch
+  engine.
+* :mod:`~agentrl.rollout.episode` / :mod:`~agentrl.rollout.trajectory` - one episode,
+  token-in/token-out: prompt ids, sampled ids (loss mask 1), env deltas (loss mask 0).
+* :mod:`~agentrl.rollout.custom` - ``--custom-generate-function-path`` and its helpers.
+* :mod:`~agentrl.rollout.rewards` / :mod:`~agentrl.rollout.filters` - custom reward models and
+  dynamic-sampling filters.
+* :mod:`~agentrl.rollout.runner` - groups, dynamic sampling and partial rollout.
+* :mod:`~agentrl.rollout.evaluation` - eval sets, pass@k.
+
+Imports neither Ray, Megatron nor SGLang; torch and transformers load only with the names that
+need them (the engine, the episode runner).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from agentrl.rollout.config import RolloutConfig
+from agentrl.rollout.engine.base import Engine, GenerateOutput, SamplingParams
 from agentrl.rollout.sample import Sample, Status, Turn
 
-__all__ = ["Sample", "Status", "Turn"]
+_LAZY = {
+    "EmbeddedEngine": "agentrl.rollout.engine.embedded",
+    "Episode": "agentrl.rollout.episode",
+    "RolloutContext": "agentrl.rollout.episode",
+    "RolloutBatch": "agentrl.rollout.runner",
+    "RolloutRunner": "agentrl.rollout.runner",
+    "RolloutDataSource": "agentrl.rollout.data",
+    "RolloutDataSourceWithBuffer": "agentrl.rollout.data",
+    "load_data_source": "agentrl.rollout.data",
+    "generate_single": "agentrl.rollout.custom",
+    "extract_tool_call": "agentrl.rollout.custom",
+    "execute_tool": "agentrl.rollout.custom",
+    "aexecute_tool": "agentrl.rollout.custom",
+    "compute_reward": "agentrl.rollout.custom",
+    "acompute_reward": "agentrl.rollout.custom",
+    "make_rollout_context": "agentrl.rollout.build",
+    "load_policy_engine": "agentrl.rollout.build",
+    "run_evaluation": "agentrl.rollout.evaluation",
+}
+
+__all__ = [
+    "Engine", "GenerateOutput", "RolloutConfig", "Sample", "SamplingParams", "Status", "Turn",
+    *sorted(_LAZY),
+]  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'agentrl.rollout' has no attribute {name!r}")

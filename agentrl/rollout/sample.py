@@ -44,7 +44,8 @@ class Turn:
         finish_reason: The engine's finish reason for an assistant turn (``stop``, ``length``,
             ``abort``).
         generate_s: Seconds the engine spent on the turn.
-        tools_s: Seconds spent running tools for the turn.
+        tools_s: Seconds spent running the turn's tool calls.
+        reward_s: Seconds spent scoring the episode (on its last assistant turn).
     """
 
     role: str
@@ -54,6 +55,7 @@ class Turn:
     finish_reason: str | None = None
     generate_s: float = 0.0
     tools_s: float = 0.0
+    reward_s: float = 0.0
 
 
 @dataclasses.dataclass

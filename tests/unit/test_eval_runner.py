@@ -46,7 +46,7 @@ def test_pass_at_k_is_averaged_over_tasks():
 
 
 def test_unknown_policy_explains():
-    with pytest.raises(AgentRLError, match="choose 'oracle' or 'null'"):
+    with pytest.raises(AgentRLError, match="choose 'oracle', 'null' or 'model'"):
         run(policy="gpt-17")
 
 

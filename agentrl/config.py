@@ -1,0 +1,76 @@
+"""Typed configuration: one dataclass per subsystem, exposed as flat command-line flags.
+
+Each field of a config dataclass is one flag: ``rollout_batch_size`` -> ``--rollout-batch-size``.
+Its ``help`` (and, optionally, ``nargs`` / ``action``) live in the field's metadata, via
+:func:`option`. ``validate()`` methods raise :class:`~agentrl.errors.ConfigError` naming the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from typing import Any, TypeVar
+
+from agentrl.errors import ConfigError
+
+__all__ = ["add_arguments", "flag", "from_namespace", "option"]
+
+C = TypeVar("C")
+
+
+def option(default: Any = None, help: str = "", **argparse_kwargs: Any) -> Any:
+    """A dataclass field that is also a flag; ``argparse_kwargs`` go to ``add_argument``."""
+    metadata = {"help": help, "argparse": argparse_kwargs}
+    if isinstance(default, list | dict):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def flag(name: str) -> str:
+    """The flag of field ``name``: ``rollout_batch_size`` -> ``--rollout-batch-size``."""
+    return "--" + name.replace("_", "-")
+
+
+def _base_type(annotation: Any) -> Any:
+    """``int | None`` -> ``int``; other annotations unchanged."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return args[0] if len(args) == 1 else str
+    return annotation
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None = None) -> None:
+    """Adds one flag per field of dataclass ``cls`` (defaults are applied by ``from_namespace``)."""
+    group = parser.add_argument_group(title or cls.__name__)
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        kwargs = dict(field.metadata.get("argparse", {}))
+        base = _base_type(hints[field.name])
+        if base is bool and "action" not in kwargs:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif "action" not in kwargs and typing.get_origin(base) is None and base in (int, float, str):
+            kwargs.setdefault("type", base)
+        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
+        help_text = field.metadata.get("help", "")
+        group.add_argument(
+            flag(field.name), dest=field.name, default=argparse.SUPPRESS,
+            help=f"{help_text} (default: {default!r})", **kwargs,
+        )  # fmt: skip
+
+
+def from_namespace(cls: type[C], namespace: argparse.Namespace | Any, **overrides: Any) -> C:
+    """Builds ``cls`` from the attributes of ``namespace`` that name its fields (others are
+    ignored), then ``overrides``; calls ``validate()`` if the class has one."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    values = {k: v for k, v in vars(namespace).items() if k in names}
+    values.update(overrides)
+    try:
+        config = cls(**values)
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from exc
+    validate = getattr(config, "validate", None)
+    if validate is not None:
+        validate()
+    return config

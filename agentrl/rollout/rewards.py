@@ -1,0 +1,158 @@
+"""Rewards: the environment's score by default, or a user reward function / model.
+
+Precedence, per sample: ``sample.metadata["custom_rm_path"]`` (a per-row reward plug-in), then
+``--custom-rm-path``, then the environment's reward. Accepted plug-in forms:
+
+* ``def rm(args, sample) -> float`` (``async def`` too): one sample at a time;
+* ``def rm(args, samples) -> list[float]`` (sync or async): batched - the second parameter is
+  named ``samples``;
+* the brief's class ``CustomRewardModel(model_path)`` with
+  ``compute_reward(prompts, responses) -> list[float]`` (sync or async), built once with
+  ``--rm-model-path``.
+
+A reward that raises, or is not a real number, fails that sample (``status = failed``,
+``metadata["reward_error"]`` says why, reward 0.0); the rest of the batch goes on.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agentrl.errors import PluginError, RewardError
+from agentrl.plugins import load_plugin
+from agentrl.rollout.sample import Sample, Status
+
+__all__ = ["RewardModel", "apply_custom_rewards", "as_reward", "load_reward_model"]
+
+_FLAG = "--custom-rm-path"
+
+
+def as_reward(value: Any, source: str) -> float:
+    """``value`` as a finite float (bools count as 0/1).
+
+    Raises:
+        RewardError: Not a real number, or NaN/inf; the message names ``source``.
+    """
+    if hasattr(value, "item") and callable(value.item):  # a 0-d tensor or numpy scalar
+        value = value.item()
+    if not isinstance(value, numbers.Real):
+        raise RewardError(f"{source} returned {type(value).__name__} {value!r:.60}, not a number")
+    result = float(value)
+    if not math.isfinite(result):
+        raise RewardError(f"{source} returned {result}, not a finite number")
+    return result
+
+
+class RewardModel:
+    """A loaded reward plug-in; call :meth:`score` on a batch of samples.
+
+    Args:
+        target: The plug-in (function or class) as loaded.
+        args: The run's arguments, passed to functions as their first parameter.
+        model_path: Given to a class plug-in's constructor.
+        name: The plug-in spec, for messages.
+    """
+
+    def __init__(self, target: Any, args: Any, model_path: str | None, name: str) -> None:
+        self.name = name
+        self.args = args
+        if inspect.isclass(target):
+            instance = target(model_path)
+            if not callable(getattr(instance, "compute_reward", None)):
+                raise PluginError(f"{_FLAG} {name!r}: class {target.__name__} has no "
+                                  "compute_reward(prompts, responses) method")
+            self._fn: Callable[..., Any] = instance.compute_reward
+            self.kind = "class"
+        elif callable(target):
+            params = list(inspect.signature(target).parameters)
+            if len(params) < 2:
+                raise PluginError(f"{_FLAG} {name!r}: a reward function takes (args, sample) or "
+                                  f"(args, samples); {target.__name__} takes {params}")
+            self._fn = target
+            self.kind = "batched" if params[1] == "samples" else "single"
+        else:
+            raise PluginError(f"{_FLAG} {name!r} is a {type(target).__name__}, not a function "
+                              "or class")
+
+    async def score(self, samples: Sequence[Sample]) -> None:
+        """Sets ``reward`` on each sample, or fails the ones whose reward could not be computed."""
+        if not samples:
+            return
+        started = time.perf_counter()
+        if self.kind == "single":
+            for sample in samples:
+                try:
+                    reward = await _resolve(self._fn(self.args, sample))
+                    sample.reward = as_reward(reward, self.name)
+                except Exception as exc:  # noqa: BLE001 - a user function fails one sample
+                    _fail(sample, self.name, exc)
+        else:
+            try:
+                if self.kind == "class":
+                    prompts = [s.prompt for s in samples]
+                    rewards = await _resolve(self._fn(prompts, [s.response for s in samples]))
+                else:
+                    rewards = await _resolve(self._fn(self.args, list(samples)))
+                if hasattr(rewards, "tolist"):
+                    rewards = rewards.tolist()
+                if not isinstance(rewards, Sequence) or len(rewards) != len(samples):
+                    got = len(rewards) if isinstance(rewards, Sequence) else type(rewards).__name__
+                    raise RewardError(f"{self.name} returned {got} rewards for {len(samples)} samples")
+                for sample, reward in zip(samples, rewards, strict=True):
+                    try:
+                        sample.reward = as_reward(reward, self.name)
+                    except RewardError as exc:
+                        _fail(sample, self.name, exc)
+            except Exception as exc:  # noqa: BLE001 - a user function fails its batch
+                for sample in samples:
+                    _fail(sample, self.name, exc)
+        per_sample = (time.perf_counter() - started) / len(samples)
+        for sample in samples:
+            sample.metadata["reward_source"] = self.name
+            if sample.turns:
+                sample.turns[-1].reward_s += per_sample
+
+
+def _fail(sample: Sample, name: str, exc: BaseException) -> None:
+    sample.reward = 0.0
+    sample.status = Status.FAILED
+    sample.metadata["reward_error"] = f"{name}: {type(exc).__name__}: {exc}"
+    sample.metadata.setdefault("error", sample.metadata["reward_error"])
+
+
+async def _resolve(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+_CACHE: dict[tuple[str, str | None, int], RewardModel] = {}
+
+
+def load_reward_model(spec: str, args: Any, model_path: str | None = None) -> RewardModel:
+    """Loads ``spec`` (``file.py``, ``file.py:name``, ``module:name``) once per (spec, args)."""
+    key = (spec, model_path, id(args))
+    if key not in _CACHE:
+        target = load_plugin(spec, flag=_FLAG, preferred=("CustomRewardModel",))
+        _CACHE[key] = RewardModel(target, args, model_path, spec)
+    return _CACHE[key]
+
+
+async def apply_custom_rewards(samples: Sequence[Sample], args: Any) -> None:
+    """Overrides env rewards by the per-sample, then the ``--custom-rm-path`` reward model.
+
+    Samples that failed or were aborted are not scored.
+    """
+    scorable = [s for s in samples if s.status in (Status.COMPLETED, Status.TRUNCATED)]
+    by_model: dict[str, list[Sample]] = {}
+    default = getattr(args, "custom_rm_path", None)
+    for sample in scorable:
+        spec = sample.metadata.get("custom_rm_path") or default
+        if spec:
+            by_model.setdefault(spec, []).append(sample)
+    for spec, group in by_model.items():
+        model = load_reward_model(spec, args, getattr(args, "rm_model_path", None))
+        await model.score(group)

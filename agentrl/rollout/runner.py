@@ -1,0 +1,243 @@
+"""One rollout: enough groups of samples for a training step, played concurrently.
+
+Per group (one prompt, ``--n-samples-per-prompt`` samples sharing a group id) the samples are
+played as episodes (or by ``--custom-generate-function-path``), scored (custom reward models
+override the env's reward), and kept or dropped by the dynamic-sampling filter. Groups are
+submitted ``--over-sampling-batch-size`` at a time until ``--rollout-batch-size`` groups have
+passed; then the rest are stopped. With ``--partial-rollout`` the stopped groups go back to the
+data source's buffer and their episodes resume, envs still open, in a later rollout; without
+it they are closed and dropped (counted in the metrics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agentrl.errors import PluginError
+from agentrl.plugins import load_plugin
+from agentrl.rollout.custom import load_custom_generate, run_custom_generate
+from agentrl.rollout.episode import Episode, RolloutContext
+from agentrl.rollout.rewards import apply_custom_rewards
+from agentrl.rollout.sample import Sample, Status
+
+__all__ = ["RolloutBatch", "RolloutRunner"]
+
+log = logging.getLogger(__name__)
+
+GroupFilter = Callable[[Any, Sequence[Sample]], bool]
+
+
+@dataclasses.dataclass
+class RolloutBatch:
+    """The groups of one rollout and what it took to get them.
+
+    Attributes:
+        groups: ``--rollout-batch-size`` groups (fewer only if the data ran out), each a list of
+            samples sharing a group id.
+        metrics: Counts and means for logging (``rollout/...`` keys).
+    """
+
+    groups: list[list[Sample]]
+    metrics: dict[str, float]
+
+    @property
+    def samples(self) -> list[Sample]:
+        return [s for g in self.groups for s in g]
+
+
+class RolloutRunner:
+    """Plays rollouts from a data source.
+
+    Args:
+        ctx: The shared context (engine, renderer, sampling, env factory, args).
+        data_source: A :class:`~agentrl.rollout.data.RolloutDataSource` (``get_samples`` /
+            ``add_samples``).
+        custom_generate: ``async custom_generate(args, samples, evaluation)`` or ``None`` to
+            play env episodes.
+        group_filter: ``filter(args, group) -> bool`` or ``None`` to keep every group.
+        evaluation: Passed to ``custom_generate``; eval rollouts never filter.
+    """
+
+    def __init__(
+        self, ctx: RolloutContext, data_source: Any, *, custom_generate: Any = None,
+        group_filter: GroupFilter | None = None, evaluation: bool = False,
+    ) -> None:  # fmt: skip
+        self.ctx = ctx
+        self.evaluation = evaluation
+        self.data_source = data_source
+        self.custom_generate = custom_generate
+        self.group_filter = group_filter
+        self.suspended: dict[tuple[Any, int], Episode] = {}
+        self._semaphore = asyncio.Semaphore(getattr(ctx.args, "rollout_concurrency", 64))
+
+    @classmethod
+    def from_args(cls, ctx: RolloutContext, data_source: Any) -> RolloutRunner:
+        """With the plug-ins the flags name (``--custom-generate-function-path``,
+        ``--dynamic-sampling-filter-path``)."""
+        args = ctx.args
+        spec = getattr(args, "custom_generate_function_path", None)
+        custom = load_custom_generate(spec) if spec else None
+        spec = getattr(args, "dynamic_sampling_filter_path", None)
+        group_filter = load_plugin(spec, flag="--dynamic-sampling-filter-path") if spec else None
+        if group_filter is not None and not callable(group_filter):
+            raise PluginError(f"--dynamic-sampling-filter-path {spec!r} is not callable")
+        return cls(ctx, data_source, custom_generate=custom, group_filter=group_filter)
+
+    async def generate(
+        self, rollout_id: int | str, num_groups: int | None = None, submit_size: int | None = None
+    ) -> RolloutBatch:
+        """Plays groups until ``num_groups`` (default ``--rollout-batch-size``) pass the filter,
+        fetching ``submit_size`` (default ``--over-sampling-batch-size``) groups at a time.
+
+        Returns:
+            The batch. Failed samples are included (status ``failed``, reward 0.0): the trainer
+            decides what to do with them.
+        """
+        args = self.ctx.args
+        target = num_groups or args.rollout_batch_size
+        step = submit_size or getattr(args, "over_sampling_batch_size", None) or target
+        max_groups = max(target, getattr(args, "dynamic_sampling_max_groups", None) or 8 * target)
+        self.ctx.stopping.clear()
+        counts: collections.Counter[str] = collections.Counter()
+        kept: list[list[Sample]] = []
+        rejected: list[list[Sample]] = []
+        pending: set[asyncio.Task[list[Sample]]] = set()
+        surplus: list[list[Sample]] = []
+        submitted = 0
+        started = asyncio.get_running_loop().time()
+        while len(kept) < target:
+            while len(kept) + len(pending) < target and submitted < max_groups:
+                groups = self.data_source.get_samples(min(step, max_groups - submitted))
+                if not groups:
+                    break
+                for group in groups:
+                    rid = f"r{rollout_id}-g{group[0].group_id}"
+                    pending.add(asyncio.create_task(self._play_group(group, rid)))
+                submitted += len(groups)
+            if not pending:
+                break
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            surplus: list[list[Sample]] = []
+            for task in done:
+                group = task.result()
+                if len(kept) >= target:
+                    surplus.append(group)
+                elif self._passes(group):
+                    kept.append(group)
+                else:
+                    rejected.append(group)
+                    counts["filtered_groups"] += 1
+        leftovers = surplus + await self._stop(pending, f"r{rollout_id}-")
+        for group in leftovers:
+            unfinished = any(s.status is Status.ABORTED for s in group)
+            if unfinished:
+                counts["aborted_groups"] += 1
+            elif self._passes(group):
+                counts["surplus_groups"] += 1
+            else:
+                counts["filtered_groups"] += 1
+                continue
+            if getattr(args, "partial_rollout", False):
+                self.data_source.add_samples([group])
+                counts["groups_to_buffer"] += 1
+            else:
+                await self._discard(group)
+        if len(kept) < target and rejected:
+            missing = target - len(kept)
+            log.warning("dynamic sampling: only %d of %d groups passed the filter after %d groups; "
+                        "topping up with %d filtered-out groups", len(kept), target, submitted,
+                        min(missing, len(rejected)))  # fmt: skip
+            kept.extend(rejected[-missing:])
+            counts["dynamic_sampling_exhausted"] = 1
+        metrics = _metrics(kept, counts, submitted, asyncio.get_running_loop().time() - started)
+        return RolloutBatch(kept, metrics)
+
+    async def close(self) -> None:
+        """Closes the envs of suspended (partial) episodes."""
+        episodes, self.suspended = list(self.suspended.values()), {}
+        for episode in episodes:
+            await episode.close()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _passes(self, group: list[Sample]) -> bool:
+        return self.group_filter is None or bool(self.group_filter(self.ctx.args, group))
+
+    async def _play_group(self, group: list[Sample], rid: str) -> list[Sample]:
+        if self.custom_generate is not None:
+            todo = [s for s in group if s.status is not Status.COMPLETED
+                    and s.status is not Status.TRUNCATED and s.status is not Status.FAILED]  # fmt: skip
+            if todo:
+                async with self._semaphore:
+                    await run_custom_generate(self.custom_generate, self.ctx, todo, rid,
+                                              evaluation=self.evaluation)  # fmt: skip
+            return group
+        await asyncio.gather(*(self._play_sample(s, f"{rid}-s{s.index}") for s in group))
+        await apply_custom_rewards([s for s in group if s.metadata.get("finish") != "abort"],
+                                   self.ctx.args)  # fmt: skip
+        return group
+
+    async def _play_sample(self, sample: Sample, rid: str) -> None:
+        if sample.status not in (Status.PENDING, Status.ABORTED):
+            return  # finished in an earlier rollout (partial rollout)
+        key = (sample.group_id, sample.index)
+        episode = self.suspended.pop(key, None)
+        if episode is None:
+            if sample.status is Status.ABORTED:  # its env is gone (restart): play it afresh
+                sample.metadata["restarted"] = sample.metadata.get("restarted", 0) + 1
+            sample.status, sample.reward = Status.PENDING, None
+            episode = Episode(self.ctx, sample, rid)
+        else:
+            episode.rid = rid
+        async with self._semaphore:
+            await episode.run()
+        if sample.status is Status.ABORTED:
+            self.suspended[key] = episode
+
+    async def _stop(self, pending: set[asyncio.Task[list[Sample]]], rid_prefix: str
+                    ) -> list[list[Sample]]:  # fmt: skip
+        """Stops what is still running and returns those groups."""
+        if not pending:
+            return []
+        self.ctx.stopping.set()
+        await self.ctx.engine.abort(rid_prefix)
+        done = await asyncio.gather(*pending)
+        self.ctx.stopping.clear()
+        return list(done)
+
+    async def _discard(self, group: list[Sample]) -> None:
+        for sample in group:
+            episode = self.suspended.pop((sample.group_id, sample.index), None)
+            if episode is not None:
+                await episode.close()
+
+
+def _metrics(groups: list[list[Sample]], counts: collections.Counter[str], submitted: int,
+             wall_s: float) -> dict[str, float]:  # fmt: skip
+    samples = [s for g in groups for s in g]
+    statuses = collections.Counter(s.status.value for s in samples)
+    rewards = [s.reward for s in samples if s.reward is not None]
+    out: dict[str, float] = {
+        "rollout/groups": len(groups),
+        "rollout/samples": len(samples),
+        "rollout/groups_submitted": submitted,
+        "rollout/wall_s": wall_s,
+        "rollout/reward_mean": statistics.fmean(rewards) if rewards else 0.0,
+        "rollout/response_len_mean": statistics.fmean(s.response_length for s in samples) if samples else 0.0,
+        "rollout/turns_mean": statistics.fmean(s.metadata.get("turns", 0) for s in samples) if samples else 0.0,
+    }
+    for status in ("completed", "truncated", "aborted", "failed"):
+        out[f"rollout/{status}"] = statuses.get(status, 0)
+    for key, value in counts.items():
+        out[f"rollout/{key}"] = value
+    tool_errors = sum(sum(s.metadata.get("tool_errors", {}).values()) for s in samples)
+    out["rollout/tool_errors"] = tool_errors
+    zero_std = sum(1 for g in groups if len(g) > 1 and len({s.reward for s in g}) == 1)
+    out["rollout/zero_std_groups"] = zero_std
+    return out

@@ -1,0 +1,173 @@
+"""Building one sample's token sequence token-in/token-out.
+
+The sequence is the prompt ids, then, turn by turn, the ids the engine sampled (loss mask 1,
+with the engine's log-probabilities) and the chat-template delta of the environment's reply
+(loss mask 0, log-probability 0; see :mod:`agentrl.chat`). Nothing on this path decodes and
+re-encodes text: decoding happens only to hand the model's text to the tool-call parser.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agentrl.chat import ChatRenderer
+from agentrl.rollout.engine.base import Engine, GenerateOutput, SamplingParams
+from agentrl.rollout.sample import Sample, Turn
+
+__all__ = ["CUT_MARKER", "Trajectory", "fit_env_messages"]
+
+CUT_MARKER = "\n[... {removed} characters of output cut to fit the context window]"
+"""Appended to a tool result that was shortened to fit ``--rollout-max-context-len``."""
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """The growing token sequence of one sample, written into the :class:`Sample` itself.
+
+    Args:
+        sample: The sample to fill; its ``tokens`` must hold exactly the prompt ids.
+        renderer: The chat renderer of the policy's tokenizer.
+        max_context_len: Prompt + response tokens allowed in total.
+    """
+
+    sample: Sample
+    renderer: ChatRenderer
+    max_context_len: int
+    weight_versions: list[str] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.end_of_turn_ids = self.renderer.encode(self.renderer.end_of_turn)
+
+    @property
+    def budget(self) -> int:
+        """Tokens that can still be added before the context is full."""
+        return self.max_context_len - len(self.sample.tokens)
+
+    async def generate(
+        self, engine: Engine, sampling: SamplingParams, rid: str
+    ) -> GenerateOutput | None:
+        """Generates one assistant turn (or the rest of one cut by an abort) and appends it.
+
+        ``max_new_tokens`` shrinks to the remaining budget. Returns ``None`` when no budget is
+        left (nothing was generated).
+        """
+        budget = self.budget
+        if budget <= 0:
+            return None
+        params = sampling.replace(max_new_tokens=min(sampling.max_new_tokens, budget))
+        started = time.perf_counter()
+        out = await engine.generate(list(self.sample.tokens), params, rid=rid)
+        elapsed = time.perf_counter() - started
+        self._append(out.output_ids, out.output_logprobs, mask=1)
+        turns = self.sample.turns
+        span_start = self.sample.response_length - len(out.output_ids)
+        if turns and turns[-1].role == "assistant" and turns[-1].finish_reason == "abort":
+            turns[-1].end = self.sample.response_length  # an aborted turn resumed
+            turns[-1].finish_reason = out.finish_reason
+            turns[-1].generate_s += elapsed
+        else:
+            turns.append(Turn("assistant", span_start, self.sample.response_length,
+                              finish_reason=out.finish_reason, generate_s=elapsed))  # fmt: skip
+        self.sample.weight_version = out.weight_version
+        if not self.weight_versions or self.weight_versions[-1] != out.weight_version:
+            self.weight_versions.append(out.weight_version)
+        return out
+
+    def last_turn_ids(self) -> list[int]:
+        """The ids of the last assistant turn."""
+        turn = self.sample.turns[-1]
+        offset = self.sample.prompt_length
+        return self.sample.tokens[offset + turn.start : offset + turn.end]
+
+    def last_turn_text(self) -> str:
+        """The last assistant turn as text for the tool-call parser (special tokens dropped)."""
+        return self.renderer.tokenizer.decode(self.last_turn_ids(), skip_special_tokens=True)
+
+    def append_env(
+        self, history: Sequence[Mapping[str, Any]], new_messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None, *, tools_s: float = 0.0,
+        min_generation_room: int = 1,
+    ) -> tuple[list[dict[str, Any]], bool]:  # fmt: skip
+        """Appends the environment's reply as the template delta (loss mask 0).
+
+        When the last assistant turn did not end with the end-of-turn token (a stop string, or
+        another end-of-sequence id), the end-of-turn token is added first, as an env token.
+        Tool results too long for the remaining budget are cut, with :data:`CUT_MARKER`.
+
+        Args:
+            history: The conversation up to and including the last assistant message.
+            new_messages: The environment's messages (tool results, user turns).
+            tools: Tool schemas given to the chat template.
+            tools_s: Seconds the tools took, recorded on the turn.
+            min_generation_room: Tokens that must stay free for the next assistant turn.
+
+        Returns:
+            ``(messages as appended, fits)``. ``fits`` is False when even emptied tool results
+            leave no room for another turn; nothing is appended then.
+        """
+        prefix: list[int] = []
+        if self.last_turn_ids()[-len(self.end_of_turn_ids):] != self.end_of_turn_ids:
+            prefix = list(self.end_of_turn_ids)
+        room = self.budget - len(prefix) - min_generation_room
+        messages, delta = fit_env_messages(self.renderer, history, new_messages, tools, room)
+        if delta is None:
+            return messages, False
+        self.sample.turns[-1].tools_s = tools_s  # the assistant turn whose calls ran
+        start = self.sample.response_length
+        self._append(prefix + delta, None, mask=0)
+        names = [str(m.get("name", "")) for m in messages if m.get("role") == "tool"]
+        self.sample.turns.append(Turn("environment", start, self.sample.response_length,
+                                      tool_names=names))  # fmt: skip
+        return messages, True
+
+    def _append(self, ids: Sequence[int], logprobs: Sequence[float] | None, mask: int) -> None:
+        s = self.sample
+        s.tokens.extend(int(i) for i in ids)
+        s.response_length += len(ids)
+        s.loss_mask.extend([mask] * len(ids))
+        s.rollout_log_probs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+
+
+def fit_env_messages(
+    renderer: ChatRenderer, history: Sequence[Mapping[str, Any]],
+    new_messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
+    room: int,
+) -> tuple[list[dict[str, Any]], list[int] | None]:  # fmt: skip
+    """The env delta for ``new_messages``, with tool results cut until it fits ``room`` tokens.
+
+    Only ``role: tool`` contents are shortened (their tails are cut and :data:`CUT_MARKER` says
+    how much); user and system messages are never altered.
+
+    Returns:
+        ``(messages, delta ids)``, or ``(messages, None)`` when it cannot fit even with every
+        tool result emptied.
+    """
+    messages = [dict(m) for m in new_messages]
+    delta = renderer.env_delta_ids(history, messages, tools)
+    if len(delta) <= room:
+        return messages, delta
+    originals = [str(m.get("content") or "") for m in messages]
+    cuttable = [i for i, m in enumerate(messages) if m.get("role") == "tool" and originals[i]]
+
+    def cut(keep: float) -> tuple[list[dict[str, Any]], list[int]]:
+        out = [dict(m) for m in messages]
+        for i in cuttable:
+            kept = int(len(originals[i]) * keep)
+            out[i]["content"] = originals[i][:kept] + CUT_MARKER.format(removed=len(originals[i]) - kept)
+        return out, renderer.env_delta_ids(history, out, tools)
+
+    best = cut(0.0)
+    if not cuttable or len(best[1]) > room:
+        return messages, None
+    low, high = 0.0, 1.0  # binary search for the largest kept fraction that fits
+    for _ in range(14):
+        middle = (low + high) / 2
+        candidate = cut(middle)
+        if len(candidate[1]) <= room:
+            low, best = middle, candidate
+        else:
+            high = middle
+    return best

@@ -1,0 +1,207 @@
+"""Rollout throughput: concurrent episodes against the ideal critical path and the brief's loop,
+and the embedded engine against transformers' ``generate()``.
+
+(a) ``--episodes`` (64) episodes x 3 turns on the built-in tiny model (real sampling, 16 new
+tokens a turn), each turn's tool taking 100 ms (an async sleep; a random-init model writes no
+tool calls, so a forced tool-call format reads every turn as a call to it):
+
+* ``rollout_wall_over_ideal``: wall time of the episode runner / the ideal critical path. The
+  ideal is what a perfect scheduler would need: for each turn, the engine generating all the
+  episodes' requests as one concurrent batch (measured right after, on the very inputs the run
+  produced, with nothing else running), plus the 100 ms tool. Target <= 1.15.
+* ``rollout_speedup_vs_sequential``: wall time of the brief's custom-generate loop (one sample
+  at a time: generate, tool, generate, ...; ``examples/custom_generate.py``) / the runner's.
+
+(b) ``engine_vs_hf_generate``: engine tokens/s at 16 concurrent requests / transformers
+``generate()`` on the same model and prompts (``bench/engine_throughput.py``). Target >= 2.
+
+    python bench/rollout.py [--episodes 64] [--skip-sequential]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import agentrl
+from agentrl.chat import ChatRenderer
+from agentrl.models import build_tiny_model
+from agentrl.rollout.custom import load_custom_generate, run_custom_generate
+from agentrl.rollout.engine import EmbeddedEngine, Engine, SamplingParams
+from agentrl.rollout.episode import Episode, RolloutContext
+from agentrl.rollout.sample import Sample
+from agentrl.tools.calls import ParsedTurn, ToolCall
+from agentrl.tools.formats.base import ToolCallFormat
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOL_S = 0.1
+TURNS = 3
+NEW_TOKENS = 16
+
+
+class FixedLengthTurns(Engine):
+    """Ends every turn after exactly ``NEW_TOKENS`` tokens, as if the last were a stop token
+    (a random-init model never writes its end-of-turn token); everything else is delegated."""
+
+    def __init__(self, engine: EmbeddedEngine) -> None:
+        self.engine = engine
+
+    async def generate(self, input_ids, sampling, rid=None):
+        out = await self.engine.generate(input_ids, sampling, rid)
+        if out.finish_reason == "length":
+            out.finish_reason = "stop"
+        return out
+
+    async def update_weights(self, **kwargs):
+        await self.engine.update_weights(**kwargs)
+
+    async def pause(self, mode="abort"):
+        await self.engine.pause(mode)
+
+    async def resume(self):
+        await self.engine.resume()
+
+    async def abort(self, rid_prefix=""):
+        return await self.engine.abort(rid_prefix)
+
+    async def health(self):
+        return await self.engine.health()
+
+    @property
+    def weight_version(self):
+        return self.engine.weight_version
+
+    async def close(self):
+        await self.engine.close()
+
+
+class EveryTurnCallsWait(ToolCallFormat):
+    """Reads any assistant text as one call to ``wait`` (the model is random-init)."""
+
+    name = "bench-wait"
+
+    def render(self, content: str, calls: Sequence[ToolCall]) -> str:
+        return content
+
+    def parse(self, text: str) -> ParsedTurn:
+        return ParsedTurn(text.strip(), (ToolCall("wait", {}),))
+
+
+@agentrl.tool
+async def wait() -> str:
+    """Waits 100 ms, like a quick tool (a test run, a file read)."""
+    await asyncio.sleep(TOOL_S)
+    return "ok"
+
+
+class WaitEnv(agentrl.ToolEnv):
+    tools = [wait]
+
+    def make_prompt(self, task):
+        return [{"role": "user", "content": f"Task {task['i']}: call wait, then report."}]
+
+    def compute_reward(self, task, final, state):
+        return 0.0
+
+
+def context(engine: EmbeddedEngine, args: argparse.Namespace) -> RolloutContext:
+    renderer = ChatRenderer(engine.tokenizer, EveryTurnCallsWait())
+    sampling = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    factory = lambda: WaitEnv(max_turns=TURNS, tool_call_format=EveryTurnCallsWait())  # noqa: E731
+    return RolloutContext(args, FixedLengthTurns(engine), renderer, sampling, 1024, factory)
+
+
+async def concurrent_run(ctx: RolloutContext, n: int) -> tuple[float, list[Sample]]:
+    samples = [Sample(group_id=i, metadata={"task": {"i": i}}) for i in range(n)]
+    started = time.perf_counter()
+    await asyncio.gather(*(Episode(ctx, s, f"ep{s.group_id}").run() for s in samples))
+    return time.perf_counter() - started, samples
+
+
+async def ideal_critical_path(engine: EmbeddedEngine, samples: list[Sample]) -> float:
+    """Per turn: one concurrent batch of every episode's request for that turn, then the tool."""
+    total = 0.0
+    sampling = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    for turn in range(TURNS):
+        inputs = []
+        for s in samples:
+            starts = [t.start for t in s.turns if t.role == "assistant"]
+            inputs.append(s.tokens[: s.prompt_length + starts[turn]])
+        started = time.perf_counter()
+        await asyncio.gather(*(engine.generate(ids, sampling) for ids in inputs))
+        total += time.perf_counter() - started + TOOL_S
+    return total
+
+
+async def sequential_run(ctx: RolloutContext, n: int) -> float:
+    """The brief's custom-generate loop over all samples, one at a time."""
+    fn = load_custom_generate(str(ROOT / "examples" / "custom_generate.py"))
+    samples = [Sample(group_id=0, index=i, metadata={"task": {"i": i}}) for i in range(n)]
+    started = time.perf_counter()
+    await run_custom_generate(fn, ctx, samples, "seq")
+    elapsed = time.perf_counter() - started
+    bad = [s for s in samples if s.metadata.get("turns") != TURNS]
+    if bad:
+        raise RuntimeError(f"the sequential loop played {bad[0].metadata.get('turns')} turns")
+    return elapsed
+
+
+def engine_vs_hf(model_dir: Path) -> float:
+    spec = importlib.util.spec_from_file_location("engine_throughput", ROOT / "bench" / "engine_throughput.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["engine_throughput"] = module
+    spec.loader.exec_module(module)
+    return module.engine_vs_hf_generate(model_dir)["ratio"]
+
+
+async def rollout_figures(args: argparse.Namespace) -> dict[str, float]:
+    model_dir = build_tiny_model()
+    engine = EmbeddedEngine.from_pretrained(model_dir, max_batch_size=args.episodes)
+    try:
+        args.max_turns = TURNS
+        ctx = context(engine, args)
+        await concurrent_run(ctx, 8)  # warm-up
+        ratios, walls = [], []
+        for _ in range(args.repeats):
+            wall, samples = await concurrent_run(ctx, args.episodes)
+            assert all(s.metadata["turns"] == TURNS for s in samples), "episodes must play 3 turns"
+            ideal = await ideal_critical_path(engine, samples)
+            ratios.append(wall / ideal)
+            walls.append(wall)
+            print(f"runner: {args.episodes} episodes x {TURNS} turns in {wall:.2f} s; ideal "
+                  f"critical path {ideal:.2f} s; ratio {wall / ideal:.3f}")
+        figures = {"rollout_wall_over_ideal": statistics.median(ratios)}
+        if not args.skip_sequential:
+            sequential = await sequential_run(ctx, args.episodes)
+            print(f"brief's loop, one sample at a time: {sequential:.2f} s")
+            figures["rollout_speedup_vs_sequential"] = sequential / statistics.median(walls)
+        return figures
+    finally:
+        await engine.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-sequential", action="store_true")
+    parser.add_argument("--skip-engine", action="store_true")
+    args = parser.parse_args()
+    figures = asyncio.run(rollout_figures(args))
+    targets = {"rollout_wall_over_ideal": "<= 1.15", "rollout_speedup_vs_sequential": "> 1",
+               "engine_vs_hf_generate": ">= 2"}
+    if not args.skip_engine:
+        figures["engine_vs_hf_generate"] = engine_vs_hf(build_tiny_model())
+    for name, value in figures.items():
+        print(json.dumps({"name": name, "value": round(value, 3), "target": targets[name]}))
+
+
+if __name__ == "__main__":
+    main()
