@@ -126,13 +126,13 @@ async def _on_rollout_loop(call: _Call, coroutine: Coroutine[Any, Any, T]) -> T:
 
 def _blocking(call: _Call, coroutine: Coroutine[Any, Any, T]) -> T:
     try:
-        if asyncio.get_running_loop() is call.loop:
-            coroutine.close()
-            raise RuntimeError("sync helpers cannot run on the rollout's own event loop; "
-                               "use the async form (aexecute_tool / acompute_reward)")
-    except RuntimeError as exc:
-        if "sync helpers" in str(exc):
-            raise
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is call.loop:  # waiting here would deadlock the loop that must run it
+        coroutine.close()
+        raise RuntimeError("sync helpers cannot run on the rollout's own event loop; "
+                           "use the async form (aexecute_tool / acompute_reward)")
     return asyncio.run_coroutine_threadsafe(coroutine, call.loop).result()
 
 

@@ -129,16 +129,19 @@ async def _resolve(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-_CACHE: dict[tuple[str, str | None, int], RewardModel] = {}
+_CACHE: dict[tuple[str, str | None], RewardModel] = {}
 
 
 def load_reward_model(spec: str, args: Any, model_path: str | None = None) -> RewardModel:
-    """Loads ``spec`` (``file.py``, ``file.py:name``, ``module:name``) once per (spec, args)."""
-    key = (spec, model_path, id(args))
+    """Loads ``spec`` (``file.py``, ``file.py:name``, ``module:name``); a class is built once
+    per (spec, model path) and kept, as loading a reward model is expensive."""
+    key = (spec, model_path)
     if key not in _CACHE:
         target = load_plugin(spec, flag=_FLAG, preferred=("CustomRewardModel",))
         _CACHE[key] = RewardModel(target, args, model_path, spec)
-    return _CACHE[key]
+    model = _CACHE[key]
+    model.args = args
+    return model
 
 
 async def apply_custom_rewards(samples: Sequence[Sample], args: Any) -> None:
