@@ -29,17 +29,24 @@ import itertools
 import json
 import logging
 import os
-import queue
 import random
-import threading
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from agentrl.env.registry import make_env
 from agentrl.errors import AgentRLError, ConfigError, DataError, PluginError
 from agentrl.plugins import load_plugin
+from agentrl.rollout._rows import (
+    Item,
+    Record,
+    RowParser,
+    inline,
+    message_problem,
+    prefetched,
+    read_rows,
+    shuffle_buffer,
+)
 from agentrl.rollout.sample import Sample
 
 __all__ = [
@@ -52,7 +59,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-_CHUNK_ROWS = 64  # rows per prefetch job: large enough to amortise the hand-off between threads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,28 +74,6 @@ class SkippedRow:
     file: str
     line: int
     reason: str
-
-
-@dataclasses.dataclass
-class _Record:
-    """A validated row: what every sample of its group is built from."""
-
-    row: dict[str, Any]
-    prompt: Any  # None: ask the env's make_prompt (env task rows without an input_key field)
-    label: Any
-    metadata: dict[str, Any]
-    source: dict[str, Any]
-
-
-@dataclasses.dataclass
-class _Item:
-    """One raw row after parsing, with where the reader stood after it (for ``state_dict``)."""
-
-    record: _Record | None
-    reason: str | None
-    line: int
-    position: int  # rows of the epoch's order consumed once this one is
-    offset: int  # JSONL byte offset / Parquet row after this row (unshuffled streaming only)
 
 
 def _epoch_rng(seed: int, epoch: int) -> random.Random:
@@ -113,237 +97,6 @@ def _arg(args: Any, name: str, default: Any) -> Any:
 def _check_count(num_samples: Any) -> None:
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 0:
         raise ValueError(f"num_samples must be an int >= 0, got {num_samples!r}")
-
-
-def _message_problem(message: Any) -> str | None:
-    if not isinstance(message, Mapping):
-        return f"must be a message object, got {type(message).__name__}"
-    if not isinstance(message.get("role"), str) or not message["role"]:
-        return "has no 'role' (str)"
-    if "content" not in message:
-        return "has no 'content'"
-    content = message["content"]
-    if content is None and not message.get("tool_calls"):
-        return "has content null and no tool_calls"
-    if content is not None and not isinstance(content, str | list):
-        return f"content must be a string or a list of parts, got {type(content).__name__}"
-    return None
-
-
-def _shuffle_buffer(items: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
-    """Approximate shuffle in O(size) memory: emit a random buffered item for each new one."""
-    buffer: list[Any] = []
-    for item in items:
-        if len(buffer) < size:
-            buffer.append(item)
-            continue
-        j = rng.randrange(size)
-        buffer[j], item = item, buffer[j]
-        yield item
-    rng.shuffle(buffer)
-    yield from buffer
-
-
-def _read_rows(
-    path: Path, parquet: bool, offset: int = 0, line: int = 0
-) -> Iterator[tuple[int, Any, int]]:
-    """``(line, payload, offset after it)`` in file order from ``offset``, read lazily: JSONL
-    lines as bytes (byte offsets), Parquet rows as dicts (row offsets)."""
-    if parquet:
-        yield from _read_parquet(path, offset)
-        return
-    with open(path, "rb") as f:
-        f.seek(offset)
-        for raw in f:  # buffered line by line: never the whole file
-            line += 1
-            offset += len(raw)
-            if raw.strip():  # blank lines (e.g. a trailing newline) hold no row
-                yield line, raw, offset
-
-
-def _read_parquet(path: Path, start: int) -> Iterator[tuple[int, Any, int]]:
-    import pyarrow.parquet as pq  # heavy; only Parquet users pay for it
-
-    with pq.ParquetFile(path) as pf:
-        row, groups = 0, []
-        for g in range(pf.num_row_groups):  # row groups wholly before ``start`` are not read
-            n = pf.metadata.row_group(g).num_rows
-            if not groups and row + n <= start:
-                row += n
-            else:
-                groups.append(g)
-        if not groups:
-            return
-        for batch in pf.iter_batches(batch_size=1024, row_groups=groups):
-            skip = min(max(start - row, 0), batch.num_rows)
-            row += skip
-            for payload in batch.slice(skip).to_pylist():
-                row += 1
-                yield row, payload, row
-
-
-@dataclasses.dataclass(frozen=True)
-class _RowParser:
-    """Parses and validates rows. Kept apart from the data source so that prefetch threads hold
-    no reference to it (an abandoned source is collected, which stops its threads)."""
-
-    path: str
-    input_key: str
-    label_key: str
-    metadata_key: str
-    tool_key: str | None
-    keep_offset: bool  # byte offsets mean nothing in shuffled order
-    prompt_optional: bool = False  # rows are env tasks: the env builds the prompt
-
-    def job(self, job: tuple[tuple[int, Any, int], int]) -> _Item:
-        """Parses ``(raw row, position after it)``."""
-        (line, payload, offset), position = job
-        offset = offset if self.keep_offset else 0
-        if isinstance(payload, bytes):
-            try:
-                payload = json.loads(payload)
-            except ValueError as exc:
-                hint = " (a .json file must hold one object per line, not an array)" if (
-                    payload.lstrip().startswith(b"[")) else ""
-                return _Item(None, f"not valid JSON ({exc}){hint}; fix or delete the line",
-                             line, position, offset)
-        record = self.validate(payload, line)
-        if isinstance(record, str):
-            return _Item(None, record, line, position, offset)
-        return _Item(record, None, line, position, offset)
-
-    def validate(self, row: Any, line: int) -> _Record | str:
-        """The row as a record, or the reason it is unusable (with the fix)."""
-        if not isinstance(row, dict):
-            return f"a row must be a JSON object, got {type(row).__name__}"
-        key = self.input_key
-        if key not in row and self.prompt_optional:
-            return self._record(row, None, line)
-        if key not in row:
-            return (f"no {key!r} field (--input-key); the row has {sorted(row)[:8]}: add the "
-                    "field or pass --input-key NAME")
-        prompt = row[key]
-        if isinstance(prompt, str):
-            if not prompt.strip():
-                return f"{key!r} is an empty string; give the prompt text"
-        elif isinstance(prompt, list):
-            if not prompt:
-                return f"{key!r} is an empty message list; give at least one message"
-            for i, message in enumerate(prompt):
-                problem = _message_problem(message)
-                if problem is not None:
-                    return (f"{key}[{i}] {problem}; each message needs 'role' and 'content', "
-                            'e.g. {"role": "user", "content": "..."}')
-        else:
-            return (f"{key!r} must be a string or a list of chat messages, got "
-                    f"{type(prompt).__name__}")
-        return self._record(row, prompt, line)
-
-    def _record(self, row: dict[str, Any], prompt: Any, line: int) -> _Record | str:
-        metadata = _json_field(row, self.metadata_key, dict, "an object")
-        if isinstance(metadata, str):
-            return metadata
-        metadata = dict(metadata or {})
-        if self.tool_key is not None:
-            tools = _json_field(row, self.tool_key, list, "a list of tool schemas")
-            if isinstance(tools, str):
-                return tools
-            if tools is not None:
-                metadata["tools"] = tools
-        source = {"file": self.path, "line": line}
-        return _Record(row, prompt, row.get(self.label_key), metadata, source)
-
-
-def _json_field(row: dict[str, Any], key: str, kind: type, what: str) -> Any:
-    """``row[key]`` as ``kind`` (a JSON string of it is decoded, as Parquet often stores nested
-    data), ``None`` when absent, or the problem as a ``str``."""
-    value = row.get(key)
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return f"{key!r} is a string that is not JSON; it must be {what}"
-    if value is not None and not isinstance(value, kind):
-        return f"{key!r} must be {what}, got {type(value).__name__}"
-    return value
-
-
-class _Prefetcher:
-    """Applies ``fn`` to chunks of ``source`` in worker threads, yielding results in order.
-
-    A feeder thread submits chunks; their futures wait in a bounded FIFO queue, so at most
-    ``depth`` chunks are in memory and the consumer resolves them in submission order.
-    """
-
-    _END = object()
-
-    def __init__(self, source: Iterator[Any], fn: Callable[[Any], Any], workers: int) -> None:
-        self._fn = fn
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="agentrl-data")
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=2 * workers)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._feed, args=(source,), name="agentrl-data-feeder", daemon=True
-        )
-        self._thread.start()
-
-    def _chunk_job(self, chunk: list[Any]) -> list[Any]:
-        return [self._fn(x) for x in chunk]
-
-    def _feed(self, source: Iterator[Any]) -> None:
-        try:
-            while chunk := list(itertools.islice(source, _CHUNK_ROWS)):
-                if not self._put(self._pool.submit(self._chunk_job, chunk)):
-                    return
-            self._put(self._END)
-        except BaseException as exc:  # noqa: BLE001 - a reader failure must reach the consumer
-            self._put(exc)
-        finally:
-            close = getattr(source, "close", None)
-            if close is not None:
-                close()
-
-    def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def __iter__(self) -> Iterator[Any]:
-        while True:
-            item = self._queue.get()
-            if item is self._END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            assert isinstance(item, Future)
-            yield from item.result()
-
-    def close(self) -> None:
-        """Stops the feeder and the workers; safe to call twice."""
-        self._stop.set()
-        self._thread.join()
-        self._pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _inline(jobs: Iterator[Any], fn: Callable[[Any], _Item]) -> Iterator[_Item]:
-    try:
-        yield from map(fn, jobs)
-    finally:  # closes the file now rather than at garbage collection
-        close = getattr(jobs, "close", None)
-        if close is not None:
-            close()
-
-
-def _prefetched(jobs: Iterator[Any], fn: Callable[[Any], _Item], workers: int) -> Iterator[_Item]:
-    prefetcher = _Prefetcher(jobs, fn, workers)
-    try:
-        yield from prefetcher
-    finally:  # on exhaustion, close() (new epoch, load_state_dict) or garbage collection
-        prefetcher.close()
 
 
 class RolloutDataSource:
@@ -389,14 +142,14 @@ class RolloutDataSource:
         self._line = 0
         self._next_group_id = 0
         self._any_valid = False
-        self._iter: Iterator[_Item] | None = None
-        self._records: list[_Record] | None = None  # in memory: file rows or env tasks
+        self._iter: Iterator[Item] | None = None
+        self._records: list[Record] | None = None  # in memory: file rows or env tasks
         self._order: tuple[int, list[int]] | None = None  # (epoch, permutation) cache
         self._env: Any = None
         self._seeds = False  # an env without a task set: an endless stream of seeds
         self._path: Path | None = None
         self._parquet = False
-        self._parser: _RowParser | None = None
+        self._parser: RowParser | None = None
         self._env_id: str | None = _arg(args, "env", None)
         self._env_split: str = _arg(args, "env_split", "train")
         prompt_data = _arg(args, "prompt_data", None)
@@ -430,13 +183,13 @@ class RolloutDataSource:
             )
         self._path = path
         self._parquet = path.suffix == ".parquet"
-        self._parser = _RowParser(str(path), self.input_key, self.label_key, self.metadata_key,
+        self._parser = RowParser(str(path), self.input_key, self.label_key, self.metadata_key,
                                   self.tool_key, keep_offset=not self.shuffle,
                                   prompt_optional=self._env_id is not None)  # fmt: skip
         if self.streaming:
             self._probe()
             return
-        items = [self._parser.job((raw, 0)) for raw in _read_rows(path, self._parquet)]
+        items = [self._parser.job((raw, 0)) for raw in read_rows(path, self._parquet)]
         for item in items:
             if item.reason is not None:
                 self._skip(item)
@@ -451,7 +204,7 @@ class RolloutDataSource:
         first epoch reaches them)."""
         problems: list[str] = []
         assert self._path is not None and self._parser is not None
-        for raw in _read_rows(self._path, self._parquet):
+        for raw in read_rows(self._path, self._parquet):
             item = self._parser.job((raw, 0))
             if item.record is not None:
                 return
@@ -474,18 +227,18 @@ class RolloutDataSource:
         records = []
         for index, task in enumerate(tasks):
             if not isinstance(task, Mapping):
-                self._skip(_Item(None, f"a task must be a mapping, got {type(task).__name__}",
+                self._skip(Item(None, f"a task must be a mapping, got {type(task).__name__}",
                                  index + 1, 0, 0), file=where)
                 continue
             task = dict(task)
             prompt = task.get(self.input_key)
             if not (isinstance(prompt, str) and prompt) and not (
                 isinstance(prompt, list) and prompt
-                and all(_message_problem(m) is None for m in prompt)
+                and all(message_problem(m) is None for m in prompt)
             ):
                 prompt = None  # the env builds it from the task (make_prompt)
             metadata = task.get(self.metadata_key)
-            records.append(_Record(
+            records.append(Record(
                 task, prompt, task.get(self.label_key),
                 dict(metadata) if isinstance(metadata, Mapping) else {},
                 {"env": env_id, "split": self._env_split, "index": index},
@@ -495,7 +248,7 @@ class RolloutDataSource:
         self._records = records
         self._any_valid = True
 
-    def _skip(self, item: _Item, file: str | None = None) -> None:
+    def _skip(self, item: Item, file: str | None = None) -> None:
         skipped = SkippedRow(file or str(self._path), item.line, item.reason or "")
         self.skipped_rows.append(skipped)
         logger.warning("skipping %s:%d: %s", skipped.file, skipped.line, skipped.reason)
@@ -511,39 +264,39 @@ class RolloutDataSource:
             self._order = (epoch, order)
         return self._order[1]
 
-    def _open_epoch(self) -> Iterator[_Item]:
+    def _open_epoch(self) -> Iterator[Item]:
         """The rest of the current epoch, from the saved position."""
         if self._seeds:
             return self._seed_items(self._position)
         if self._records is not None:
             order, start = self._permutation(self._epoch), self._position
-            return (_Item(self._records[i], None, 0, start + k + 1, 0)
+            return (Item(self._records[i], None, 0, start + k + 1, 0)
                     for k, i in enumerate(order[start:]))
         parser = self._parser
         assert self._path is not None and parser is not None
         if self.shuffle:
-            raws: Iterator[Any] = _shuffle_buffer(
-                _read_rows(self._path, self._parquet), self.shuffle_buffer_size,
+            raws: Iterator[Any] = shuffle_buffer(
+                read_rows(self._path, self._parquet), self.shuffle_buffer_size,
                 _epoch_rng(self.seed, self._epoch),
             )
             # Resuming replays the (seeded) buffer up to the saved position; only raw lines are
             # re-read, nothing is parsed.
             raws = itertools.islice(raws, self._position, None)
         else:
-            raws = _read_rows(self._path, self._parquet, self._offset, self._line)
+            raws = read_rows(self._path, self._parquet, self._offset, self._line)
         jobs = ((raw, k) for k, raw in enumerate(raws, start=self._position + 1))
         if self.num_workers <= 1:
-            return _inline(jobs, parser.job)
-        return _prefetched(jobs, parser.job, self.num_workers)
+            return inline(jobs, parser.job)
+        return prefetched(jobs, parser.job, self.num_workers)
 
-    def _seed_items(self, start: int) -> Iterator[_Item]:
+    def _seed_items(self, start: int) -> Iterator[Item]:
         for k in itertools.count(start):
             seed = _env_seed(self.seed, k)
             source = {"env": self._env_id, "split": self._env_split, "index": k}
-            record = _Record({"seed": seed}, "", None, {"seed": seed}, source)
-            yield _Item(record, None, k + 1, k + 1, 0)
+            record = Record({"seed": seed}, "", None, {"seed": seed}, source)
+            yield Item(record, None, k + 1, k + 1, 0)
 
-    def _next_record(self) -> _Record:
+    def _next_record(self) -> Record:
         while True:
             if self._iter is None:
                 self._iter = self._open_epoch()
@@ -569,7 +322,7 @@ class RolloutDataSource:
             close()
         self._iter = None
 
-    def _make_group(self, record: _Record) -> list[Sample]:
+    def _make_group(self, record: Record) -> list[Sample]:
         group_id = self._next_group_id
         self._next_group_id += 1
         prompt = record.prompt
