@@ -1,0 +1,84 @@
+"""Samples -> padded training tensors; micro-batching; the batch equation."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.errors import ConfigError
+from agentrl.rollout.sample import Sample, Status, Turn
+from agentrl.trainer.batch import build_batch, micro_batches
+from agentrl.trainer.config import TrainerConfig, steps_per_rollout
+
+
+def sample(group, prompt, response, mask, reward=1.0):
+    logprobs = [-0.1 * (i + 1) if m else 0.0 for i, m in enumerate(mask)]
+    turns, start = [], 0
+    for i in range(1, len(mask) + 1):
+        if i == len(mask) or mask[i] != mask[start]:
+            turns.append(Turn("assistant" if mask[start] else "environment", start, i))
+            start = i
+    return Sample(group_id=group, tokens=prompt + response, response_length=len(response),
+                  loss_mask=mask, rollout_log_probs=logprobs, reward=reward,
+                  status=Status.COMPLETED, turns=turns)  # fmt: skip
+
+
+def test_shifted_layout_by_hand():
+    a = sample("g1", [10, 11, 12], [20, 21, 30, 22], [1, 1, 0, 1], reward=1.0)
+    b = sample("g0", [10], [40, 41], [1, 1], reward=0.0)
+    batch = build_batch([a, b], pad_id=0)
+    assert batch.tokens.tolist() == [[10, 11, 12, 20, 21, 30, 22], [10, 40, 41, 0, 0, 0, 0]]
+    assert batch.lengths.tolist() == [7, 3]
+    # position i predicts token i + 1: a's first response token (index 3) sits at position 2
+    assert batch.mask.tolist() == [[0, 0, 1, 1, 0, 1], [1, 1, 0, 0, 0, 0]]
+    assert batch.rollout_logprobs[0].tolist() == pytest.approx([0, 0, -0.1, -0.2, 0, -0.4])
+    assert batch.rollout_logprobs[1].tolist() == pytest.approx([-0.1, -0.2, 0, 0, 0, 0])
+    assert batch.rewards.tolist() == [1.0, 0.0]
+    assert batch.groups.tolist() == [0, 1]  # dense ids in order of first appearance
+    assert batch.num_tokens == 5
+    sub = batch.select([1])
+    assert sub.tokens.tolist() == [[10, 40, 41]] and sub.mask.tolist() == [[1, 1]]
+
+
+def test_batch_rejects_broken_samples():
+    bad = sample("g", [1, 2], [3, 4], [1, 1])
+    bad.loss_mask = [1]
+    with pytest.raises(ValueError, match="loss_mask"):
+        build_batch([bad])
+    unscored = sample("g", [1, 2], [3], [1], reward=None)
+    with pytest.raises(ValueError, match="no reward"):
+        build_batch([unscored])
+
+
+def test_micro_batches_fixed_and_token_budget():
+    assert micro_batches([5, 6, 7, 8, 9], micro_batch_size=2) == [[0, 1], [2, 3], [4]]
+    # longest first, first fit under rows x longest <= 20
+    assert micro_batches([4, 10, 3, 9, 30], max_tokens=20) == [[4], [1, 3], [0, 2]]
+    with pytest.raises(ValueError, match="exactly one"):
+        micro_batches([1], micro_batch_size=1, max_tokens=5)
+
+
+def test_batch_equation_names_the_flag():
+    config = TrainerConfig()
+    assert steps_per_rollout(config, 8, 4) == 1 and config.global_batch_size == 32
+    config = TrainerConfig(global_batch_size=8)
+    assert steps_per_rollout(config, 8, 4) == 4
+    config = TrainerConfig(num_steps_per_rollout=2)
+    assert steps_per_rollout(config, 8, 4) == 2 and config.global_batch_size == 16
+    with pytest.raises(ConfigError, match="--global-batch-size 12"):
+        steps_per_rollout(TrainerConfig(global_batch_size=12), 8, 4)
+    with pytest.raises(ConfigError, match="drop --num-steps-per-rollout"):
+        steps_per_rollout(TrainerConfig(global_batch_size=8, num_steps_per_rollout=2), 8, 4)
+    with pytest.raises(ConfigError, match="--micro-batch-size 3"):
+        steps_per_rollout(TrainerConfig(micro_batch_size=3), 8, 4)
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"advantage_estimator": "dpo"}, "--advantage-estimator must be one of grpo"),
+    ({"eps_clip_c": 0.5}, "--eps-clip-c must be > 1"),
+    ({"use_kl_loss": True}, "--kl-loss-coef > 0"),
+    ({"kl_coef": 0.1}, "use --use-kl-loss"),
+    ({"use_dynamic_batch_size": True}, "--max-tokens-per-gpu"),
+])  # fmt: skip
+def test_trainer_flags_are_validated(changes, match):
+    with pytest.raises(ConfigError, match=match):
+        TrainerConfig(**changes).validate()
