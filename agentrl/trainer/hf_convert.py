@@ -1,0 +1,867 @@
+"""Hugging Face <-> Megatron for the Qwen2 / Qwen3 / Llama family, and vocab-parallel log-probs.
+
+Four jobs, all for decoder-only models with RMSNorm, rotary embeddings, grouped-query attention
+and a SwiGLU MLP:
+
+* **Config.** :func:`transformer_config_from_hf` turns a ``config.json`` into megatron's
+  ``TransformerConfig``; :func:`check_model_flags` checks the Megatron model flags against it
+  (or builds the config from the flags when there is no checkpoint).
+* **Model.** :func:`build_gpt_model` builds a ``GPTModel`` from megatron's local layer spec
+  (no Transformer Engine, so it runs on CPU).
+* **Weights.** :func:`load_hf_weights` puts Hugging Face tensors into this process's tensor
+  parallel shards; :func:`export_hf_state_dict` gathers them back to Hugging Face names and shapes
+  (also what the rollout engine's ``update_weights(state_dict=...)`` takes) and
+  :func:`save_hf_checkpoint` writes a directory ``transformers`` loads.
+* **Log-probs.** :func:`vocab_parallel_logprobs` and :func:`vocab_parallel_entropy` (defined in
+  :mod:`agentrl.trainer.vocab_parallel`, re-exported here) compute per-token quantities over the
+  full vocabulary from one rank's vocab shard of the logits.
+
+**Padded vocabulary.** Megatron shards the embedding and output layer by vocabulary rows, so the
+row count must divide by the tensor-parallel size. :func:`padded_vocab_size` rounds the real
+vocabulary up to a multiple of ``make_vocab_size_divisible_by`` (128 by default, like
+Megatron-LM) and of the TP size; because 128 is a multiple of every power-of-two TP size up to
+128, the padded size does not depend on TP, so a checkpoint saved at one TP size loads at
+another. Padded rows are zero and never leave this module: exports slice them off, and the
+log-prob functions mask them out of the softmax (their logits are 0, not -inf, so megatron's own
+``labels=`` cross-entropy would count them; do not use it on a padded model).
+
+Weight layout (per layer; ``ng`` key/value groups, ``q/ng`` query heads per group, head width
+``d``):
+
+=============================================  ===============================================
+Megatron (local spec)                          Hugging Face
+=============================================  ===============================================
+``self_attention.linear_qkv.weight`` / bias    per group g: [q rows of g's heads; k_g; v_g]
+``self_attention.linear_proj.weight``          ``self_attn.o_proj.weight``
+``self_attention.{q,k}_layernorm.weight``      ``self_attn.{q,k}_norm.weight`` (Qwen3)
+``input_layernorm.weight``                     ``input_layernorm.weight``
+``pre_mlp_layernorm.weight``                   ``post_attention_layernorm.weight``
+``mlp.linear_fc1.weight``                      [``gate_proj``; ``up_proj``]
+``mlp.linear_fc2.weight``                      ``down_proj``
+=============================================  ===============================================
+
+Tensor parallelism splits linear_qkv by whole groups (rows), linear_fc1 by rows of gate and of
+up separately (each rank holds [gate shard; up shard]), linear_proj and linear_fc2 by input
+columns, and embedding / output layer by (padded) vocabulary rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from agentrl.errors import AgentRLError, ConfigError
+from agentrl.trainer.megatron_compat import apply_cpu_compat
+from agentrl.trainer.vocab_parallel import vocab_parallel_entropy, vocab_parallel_logprobs
+
+__all__ = [
+    "SUPPORTED_MODEL_TYPES",
+    "HFModelSpec",
+    "WeightMappingError",
+    "build_gpt_model",
+    "check_model_flags",
+    "export_hf_state_dict",
+    "hf_spec_of",
+    "load_hf_weights",
+    "padded_vocab_size",
+    "read_hf_config",
+    "read_hf_state_dict",
+    "save_hf_checkpoint",
+    "transformer_config_from_hf",
+    "unwrap_model",
+    "vocab_parallel_entropy",
+    "vocab_parallel_logprobs",
+]
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
+_ARCHITECTURES = {
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "llama": "LlamaForCausalLM",
+}
+_IGNORED_HF_SUFFIXES = ("rotary_emb.inv_freq",)
+"""Buffers some older checkpoints saved; Megatron recomputes them from the config."""
+
+_TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json",
+    "generation_config.json",
+)  # fmt: skip
+"""Files :func:`save_hf_checkpoint` copies from ``tokenizer_dir`` when present
+(``generation_config.json`` too: engines read eos ids from it)."""
+
+
+class WeightMappingError(AgentRLError):
+    """Hugging Face weights do not fit the Megatron model: the message lists unknown and missing
+    names and shape mismatches."""
+
+
+# --- config ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class HFModelSpec:
+    """The architecture fields of a supported Hugging Face config, validated.
+
+    Attributes:
+        raw: The ``config.json`` dict it was read from (written back by
+            :func:`save_hf_checkpoint`).
+        model_type: ``qwen2``, ``qwen3`` or ``llama``.
+        vocab_size: Real vocabulary size (before Megatron's padding).
+        hidden_size: Residual width.
+        intermediate_size: MLP width.
+        num_layers: Decoder layers.
+        num_heads: Query heads.
+        num_kv_heads: Key/value heads (query groups).
+        head_dim: Width of one head (Megatron's ``kv_channels``).
+        rms_norm_eps: RMSNorm epsilon.
+        rope_theta: Rotary base.
+        max_position_embeddings: Context length.
+        tie_word_embeddings: The output layer shares the embedding matrix.
+        qkv_bias: q/k/v projections have biases (Qwen2).
+        qk_norm: Per-head RMSNorm on queries and keys (Qwen3).
+        initializer_range: Std of the random init (used for models built from flags).
+    """
+
+    raw: dict[str, Any]
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+    initializer_range: float
+
+    @classmethod
+    def from_hf(cls, hf_config: Mapping[str, Any] | str | Path | Any) -> HFModelSpec:
+        """Reads and validates a config (dict, directory, ``config.json`` path or
+        ``PretrainedConfig``).
+
+        Raises:
+            ConfigError: The model type, activation, rotary scaling, sliding window or a bias
+                layout is not supported; the message names the config field.
+        """
+        raw = read_hf_config(hf_config)
+        model_type = raw.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ConfigError(
+                f"config field 'model_type' is {model_type!r}; the Megatron trainer supports "
+                f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        act = raw.get("hidden_act", "silu")
+        if act != "silu":
+            raise ConfigError(f"config field 'hidden_act' is {act!r}; only 'silu' is supported")
+        if raw.get("use_sliding_window"):
+            raise ConfigError("config field 'use_sliding_window' is true; sliding-window "
+                              "attention is not supported")  # fmt: skip
+        if model_type == "llama" and raw.get("mlp_bias"):
+            raise ConfigError("config field 'mlp_bias' is true; MLP biases are not supported")
+        # Megatron has one bias switch for q/k/v (add_qkv_bias) and one for every other linear
+        # layer; Llama's attention_bias also biases o_proj, which it cannot express alone.
+        if model_type in ("llama", "qwen3") and raw.get("attention_bias"):
+            raise ConfigError("config field 'attention_bias' is true; attention output biases "
+                              "are not supported")  # fmt: skip
+        heads = int(raw["num_attention_heads"])
+        return cls(
+            raw=raw,
+            model_type=model_type,
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=int(raw["hidden_size"]),
+            intermediate_size=int(raw["intermediate_size"]),
+            num_layers=int(raw["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=_rope_theta(raw),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            qkv_bias=model_type == "qwen2",
+            qk_norm=model_type == "qwen3",
+            initializer_range=float(raw.get("initializer_range", 0.02)),
+        )
+
+
+def _rope_theta(raw: Mapping[str, Any]) -> float:
+    """The rotary base, refusing any rotary scaling (transformers 4 and 5 config layouts)."""
+    params = raw.get("rope_parameters")
+    if isinstance(params, Mapping):  # transformers >= 5
+        kind = params.get("rope_type", params.get("type", "default"))
+        if kind not in (None, "default"):
+            raise ConfigError(f"config field 'rope_parameters.rope_type' is {kind!r}; only the "
+                              "default rotary embedding is supported")  # fmt: skip
+        return float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    scaling = raw.get("rope_scaling")
+    if scaling:
+        kind = scaling.get("rope_type", scaling.get("type"))
+        if kind not in (None, "default"):
+            raise ConfigError(f"config field 'rope_scaling' has type {kind!r}; only the "
+                              "default rotary embedding is supported")  # fmt: skip
+    return float(raw.get("rope_theta", 10000.0))
+
+
+def read_hf_config(source: Mapping[str, Any] | str | Path | Any) -> dict[str, Any]:
+    """Returns a Hugging Face config as a plain dict.
+
+    Args:
+        source: A dict, a model directory, a ``config.json`` path, a ``PretrainedConfig`` or an
+            :class:`HFModelSpec`.
+    """
+    if isinstance(source, HFModelSpec):
+        return dict(source.raw)
+    if isinstance(source, Mapping):
+        return dict(source)
+    if isinstance(source, str | Path):
+        path = Path(source)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise ConfigError(f"no Hugging Face config at {path}")
+        return dict(json.loads(path.read_text()))
+    if hasattr(source, "to_dict"):
+        return dict(source.to_dict())
+    raise TypeError(f"cannot read a Hugging Face config from {type(source).__name__}")
+
+
+def padded_vocab_size(vocab_size: int, tp: int = 1, divisible_by: int = 128) -> int:
+    """The embedding/output row count Megatron uses for a vocabulary of ``vocab_size``.
+
+    Rounded up to a multiple of ``lcm(divisible_by, tp)``; for power-of-two ``tp <=
+    divisible_by`` that is ``divisible_by``, so the result is the same at every TP size.
+    """
+    multiple = divisible_by * tp // _gcd(divisible_by, tp)
+    return -(-vocab_size // multiple) * multiple
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
+
+
+def _parallel_sizes() -> tuple[int, int]:
+    """(tensor, pipeline) parallel sizes, (1, 1) before model parallelism is initialised."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return 1, 1
+    return (
+        parallel_state.get_tensor_model_parallel_world_size(),
+        parallel_state.get_pipeline_model_parallel_world_size(),
+    )
+
+
+def transformer_config_from_hf(
+    hf_config: Mapping[str, Any] | str | Path | Any,
+    *,
+    params_dtype: torch.dtype = torch.float32,
+    **overrides: Any,
+) -> Any:
+    """Builds megatron's ``TransformerConfig`` for a Hugging Face config.
+
+    RMSNorm, gated SiLU MLP, no linear biases (q/k/v biases for Qwen2, per-head q/k RMSNorm for
+    Qwen3), grouped-query attention, dropout 0 (RL fine-tuning; pass ``hidden_dropout`` /
+    ``attention_dropout`` to change it), CPU initialisation without CUDA, and the parallel
+    sizes of the initialised model-parallel groups. The rotary base is a ``GPTModel`` argument,
+    not a config field: :func:`build_gpt_model` passes it.
+
+    Args:
+        hf_config: Anything :func:`read_hf_config` reads.
+        params_dtype: Parameter dtype.
+        **overrides: ``TransformerConfig`` fields set last (e.g. ``recompute_granularity``).
+
+    Raises:
+        ConfigError: The architecture is not supported, the TP size does not divide the head or
+            group counts (the message names ``--tensor-model-parallel-size``), or
+            ``sequence_parallel`` is asked for.
+    """
+    from megatron.core.transformer import TransformerConfig
+
+    apply_cpu_compat()
+    spec = hf_config if isinstance(hf_config, HFModelSpec) else HFModelSpec.from_hf(hf_config)
+    tp, pp = _parallel_sizes()
+    tp = int(overrides.get("tensor_model_parallel_size", tp))
+    pp = int(overrides.get("pipeline_model_parallel_size", pp))
+    for count, field in ((spec.num_kv_heads, "num_key_value_heads"),
+                         (spec.num_heads, "num_attention_heads")):  # fmt: skip
+        if count % tp:
+            raise ConfigError(
+                f"--tensor-model-parallel-size {tp} must divide the checkpoint's {field} "
+                f"({count}): each rank holds whole heads and key/value groups"
+            )
+    if overrides.get("sequence_parallel"):
+        raise ConfigError("--sequence-parallel needs Transformer Engine layer specs; agentrl "
+                          "builds models from megatron's local spec, which refuses it")  # fmt: skip
+    if spec.num_layers % pp:
+        raise ConfigError(f"--pipeline-model-parallel-size {pp} must divide num_hidden_layers "
+                          f"({spec.num_layers})")  # fmt: skip
+    fields: dict[str, Any] = dict(
+        num_layers=spec.num_layers,
+        hidden_size=spec.hidden_size,
+        ffn_hidden_size=spec.intermediate_size,
+        num_attention_heads=spec.num_heads,
+        num_query_groups=spec.num_kv_heads,
+        kv_channels=spec.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=spec.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=spec.qkv_bias,
+        qk_layernorm=spec.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=spec.initializer_range,
+        params_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,
+        fp16=params_dtype == torch.float16,
+        use_cpu_initialization=not torch.cuda.is_available(),
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+    )
+    fields.update(overrides)
+    return TransformerConfig(**fields)
+
+
+# --- model flags -------------------------------------------------------------------------------
+
+_NUMERIC_FLAGS: tuple[tuple[str, str, Callable[[HFModelSpec], Any]], ...] = (
+    ("num_layers", "num_hidden_layers", lambda s: s.num_layers),
+    ("hidden_size", "hidden_size", lambda s: s.hidden_size),
+    ("ffn_hidden_size", "intermediate_size", lambda s: s.intermediate_size),
+    ("num_attention_heads", "num_attention_heads", lambda s: s.num_heads),
+    ("num_query_groups", "num_key_value_heads", lambda s: s.num_kv_heads),
+    ("kv_channels", "head_dim", lambda s: s.head_dim),
+    ("vocab_size", "vocab_size", lambda s: s.vocab_size),
+    ("max_position_embeddings", "max_position_embeddings", lambda s: s.max_position_embeddings),
+    ("rotary_base", "rope_theta", lambda s: s.rope_theta),
+    ("norm_epsilon", "rms_norm_eps", lambda s: s.rms_norm_eps),
+)
+"""(args attribute, HF field, value in the spec) of flags that must equal the checkpoint."""
+
+_BOOL_FLAGS: tuple[tuple[str, Callable[[HFModelSpec], bool], Callable[[HFModelSpec], str]], ...] = (
+    ("untie_embeddings_and_output_weights", lambda s: not s.tie_word_embeddings,
+     lambda s: f"tie_word_embeddings = {s.tie_word_embeddings}"),
+    ("add_qkv_bias", lambda s: s.qkv_bias,
+     lambda s: f"model_type = {s.model_type!r} ({'with' if s.qkv_bias else 'no'} q/k/v biases)"),
+    ("qk_layernorm", lambda s: s.qk_norm,
+     lambda s: f"model_type = {s.model_type!r} ({'with' if s.qk_norm else 'no'} q/k norms)"),
+)  # fmt: skip
+"""(args attribute, value the checkpoint implies, how to describe the checkpoint's setting)."""
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _arg(args: Any, name: str) -> Any:
+    """``args.name`` (object or mapping); ``None`` when absent, which means "not given"."""
+    if isinstance(args, Mapping):
+        return args.get(name)
+    return getattr(args, name, None)
+
+
+def check_model_flags(
+    hf_config: Mapping[str, Any] | str | Path | Any | None, args: Any
+) -> dict[str, Any]:
+    """Checks the Megatron model flags against a checkpoint, or defines a model from them.
+
+    A flag is "given" when ``args`` (a namespace, dataclass or mapping with the flags' dest
+    names, e.g. ``num_layers``) has it and its value is not ``None``; give boolean flags a
+    ``None`` default for this to work. Checked flags: ``--num-layers``, ``--hidden-size``,
+    ``--ffn-hidden-size``, ``--num-attention-heads``, ``--num-query-groups``, ``--kv-channels``,
+    ``--vocab-size``, ``--max-position-embeddings``, ``--rotary-base``, ``--norm-epsilon``,
+    ``--untie-embeddings-and-output-weights``, ``--add-qkv-bias``, ``--qk-layernorm``,
+    ``--normalization`` (must be RMSNorm), ``--swiglu`` (must not be false) and ``--seq-length``
+    (must not exceed the context length).
+
+    Args:
+        hf_config: The checkpoint's config, or ``None`` to build one from the flags.
+        args: The parsed flags.
+
+    Returns:
+        The Hugging Face config dict to build the model from: the checkpoint's, or (without one)
+        a Qwen2 (with ``--add-qkv-bias``), Qwen3 (with ``--qk-layernorm``) or Llama config made
+        from the flags, with Megatron's defaults (tied embeddings unless untied, query groups =
+        heads, rotary base 10000, epsilon 1e-5).
+
+    Raises:
+        ConfigError: A flag contradicts the checkpoint (the message names the flag, its value
+            and the checkpoint's), or a flag needed to define a model is missing.
+    """
+    normalization = _arg(args, "normalization")
+    if normalization is not None and normalization != "RMSNorm":
+        raise ConfigError(f"--normalization {normalization}: Qwen2/Qwen3/Llama models use RMSNorm")
+    if _arg(args, "swiglu") is False:
+        raise ConfigError("--swiglu is off: Qwen2/Qwen3/Llama models use a SwiGLU MLP")
+    raw = _config_from_flags(args) if hf_config is None else read_hf_config(hf_config)
+    spec = HFModelSpec.from_hf(raw)
+    for name, field, value_of in _NUMERIC_FLAGS:
+        given = _arg(args, name)
+        if given is None:
+            continue
+        expected = value_of(spec)
+        same = float(given) == float(expected) if isinstance(expected, float) else given == expected
+        if not same:
+            raise ConfigError(
+                f"{_flag(name)} is {given} but the checkpoint has {field} = {expected}; remove "
+                f"the flag or set it to {expected}"
+            )
+    for name, value_of, describe in _BOOL_FLAGS:
+        given = _arg(args, name)
+        if given is not None and bool(given) != value_of(spec):
+            raise ConfigError(
+                f"{_flag(name)} is {bool(given)} but the checkpoint has {describe(spec)}; set "
+                f"the flag to {value_of(spec)}"
+            )
+    seq_length = _arg(args, "seq_length")
+    if seq_length is not None and int(seq_length) > spec.max_position_embeddings:
+        raise ConfigError(
+            f"--seq-length {seq_length} exceeds the checkpoint's max_position_embeddings "
+            f"({spec.max_position_embeddings})"
+        )
+    return raw
+
+
+def _config_from_flags(args: Any) -> dict[str, Any]:
+    """A Hugging Face config dict from the Megatron model flags (no checkpoint)."""
+    required = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size")
+    missing = [_flag(name) for name in required if _arg(args, name) is None]
+    max_positions = _arg(args, "max_position_embeddings") or _arg(args, "seq_length")
+    if max_positions is None:
+        missing.append("--max-position-embeddings (or --seq-length)")
+    if missing:
+        raise ConfigError(f"without a Hugging Face checkpoint the model is defined by flags; "
+                          f"missing: {', '.join(missing)}")  # fmt: skip
+    if _arg(args, "qk_layernorm"):
+        model_type = "qwen3"
+    elif _arg(args, "add_qkv_bias"):
+        model_type = "qwen2"
+    else:
+        model_type = "llama"
+    heads = int(_arg(args, "num_attention_heads"))
+    hidden = int(_arg(args, "hidden_size"))
+    raw: dict[str, Any] = {
+        "architectures": [_ARCHITECTURES[model_type]],
+        "model_type": model_type,
+        "vocab_size": int(_arg(args, "vocab_size")),
+        "hidden_size": hidden,
+        "intermediate_size": int(_arg(args, "ffn_hidden_size")),
+        "num_hidden_layers": int(_arg(args, "num_layers")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(_arg(args, "num_query_groups") or heads),
+        "head_dim": int(_arg(args, "kv_channels") or hidden // heads),
+        "max_position_embeddings": int(max_positions),
+        "rope_theta": float(_arg(args, "rotary_base") or 10000.0),
+        "rms_norm_eps": float(_arg(args, "norm_epsilon") or 1e-5),
+        "tie_word_embeddings": not _arg(args, "untie_embeddings_and_output_weights"),
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "initializer_range": 0.02,
+    }
+    return raw
+
+
+# --- model -------------------------------------------------------------------------------------
+
+
+def build_gpt_model(
+    hf_config: Mapping[str, Any] | str | Path | Any,
+    *,
+    pre_process: bool | None = None,
+    post_process: bool | None = None,
+    params_dtype: torch.dtype = torch.float32,
+    make_vocab_size_divisible_by: int = 128,
+    **config_overrides: Any,
+) -> Any:
+    """Builds a randomly initialised megatron ``GPTModel`` for a Hugging Face config.
+
+    Uses ``get_gpt_layer_local_spec()`` (no Transformer Engine), rotary embeddings with the
+    config's base, tied embeddings when ``tie_word_embeddings`` is set, and a vocabulary padded
+    by :func:`padded_vocab_size`. The model keeps ``vocab_parallel`` logits (``parallel_output``):
+    a forward returns ``[batch, seq, padded_vocab / tp]``; see :func:`vocab_parallel_logprobs`.
+    :func:`hf_spec_of` returns the config it was built from. Needs
+    :func:`~agentrl.trainer.distributed.init_model_parallel` first.
+
+    Args:
+        hf_config: Anything :func:`read_hf_config` reads.
+        pre_process: Whether this stage embeds tokens; defaults to "first pipeline stage".
+        post_process: Whether this stage has the final norm and output layer; defaults to
+            "last pipeline stage".
+        params_dtype: Parameter dtype.
+        make_vocab_size_divisible_by: Vocabulary padding multiple (``--make-vocab-size-
+            divisible-by``); must be the same when saving and loading Megatron checkpoints.
+        **config_overrides: Passed to :func:`transformer_config_from_hf`.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    spec = HFModelSpec.from_hf(hf_config)
+    config = transformer_config_from_hf(spec, params_dtype=params_dtype, **config_overrides)
+    if pre_process is None:
+        pre_process = parallel_state.is_pipeline_first_stage(ignore_virtual=True)
+    if post_process is None:
+        post_process = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm),
+        vocab_size=padded_vocab_size(
+            spec.vocab_size, config.tensor_model_parallel_size, make_vocab_size_divisible_by
+        ),
+        max_sequence_length=spec.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        parallel_output=True,
+        share_embeddings_and_output_weights=spec.tie_word_embeddings,
+        position_embedding_type="rope",
+        rotary_base=spec.rope_theta,
+    )
+    model.agentrl_hf_spec = spec
+    return model
+
+
+def unwrap_model(model: Any) -> Any:
+    """The ``GPTModel`` inside DDP / Float16Module wrappers (and lists of one chunk)."""
+    if isinstance(model, list | tuple):
+        if len(model) != 1:
+            raise ConfigError("virtual pipeline model chunks are not supported")
+        model = model[0]
+    while not hasattr(model, "agentrl_hf_spec") and hasattr(model, "module"):
+        model = model.module
+    if not hasattr(model, "agentrl_hf_spec"):
+        raise AgentRLError("not a model built by agentrl.trainer.hf_convert.build_gpt_model")
+    return model
+
+
+def hf_spec_of(model: Any) -> HFModelSpec:
+    """The :class:`HFModelSpec` a model from :func:`build_gpt_model` was built from."""
+    return unwrap_model(model).agentrl_hf_spec
+
+
+# --- weight mapping ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rule:
+    """One Megatron parameter and the Hugging Face tensors it is made of.
+
+    ``kind`` says how: ``replicated`` (same on every rank), ``vocab`` (rows of the padded
+    vocabulary), ``columns`` (input columns), ``qkv`` (grouped q/k/v rows) or ``gated``
+    ([gate; up] rows).
+    """
+
+    megatron: str
+    hf: tuple[str, ...]
+    kind: str
+
+
+_LAYER_RULES: tuple[tuple[str, tuple[str, ...], str, str | None], ...] = (
+    ("input_layernorm.weight", ("input_layernorm.weight",), "replicated", None),
+    ("self_attention.linear_qkv.weight",
+     ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+     "qkv", None),
+    ("self_attention.linear_qkv.bias",
+     ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
+     "qkv", "qkv_bias"),
+    ("self_attention.q_layernorm.weight", ("self_attn.q_norm.weight",), "replicated", "qk_norm"),
+    ("self_attention.k_layernorm.weight", ("self_attn.k_norm.weight",), "replicated", "qk_norm"),
+    ("self_attention.linear_proj.weight", ("self_attn.o_proj.weight",), "columns", None),
+    ("pre_mlp_layernorm.weight", ("post_attention_layernorm.weight",), "replicated", None),
+    ("mlp.linear_fc1.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight"), "gated", None),
+    ("mlp.linear_fc2.weight", ("mlp.down_proj.weight",), "columns", None),
+)  # fmt: skip
+"""Per decoder layer: (Megatron suffix, Hugging Face suffixes, kind, the :class:`HFModelSpec`
+flag the parameter exists under, or ``None`` for always)."""
+
+
+def _layer_rules(spec: HFModelSpec) -> list[tuple[str, tuple[str, ...], str]]:
+    """The per-layer rules this architecture has."""
+    return [(m, h, kind) for m, h, kind, flag in _LAYER_RULES
+            if flag is None or getattr(spec, flag)]  # fmt: skip
+
+
+def _rules(model: Any, spec: HFModelSpec) -> list[_Rule]:
+    """The rules of every parameter this pipeline stage holds."""
+    rules: list[_Rule] = []
+    if model.pre_process:
+        rules.append(
+            _Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab")
+        )
+    for j, layer in enumerate(model.decoder.layers):
+        i = layer.layer_number - 1  # global index: layer_number counts from 1 across stages
+        for megatron, hf, kind in _layer_rules(spec):
+            hf_names = tuple(f"model.layers.{i}.{name}" for name in hf)
+            rules.append(_Rule(f"decoder.layers.{j}.{megatron}", hf_names, kind))
+    if model.post_process:
+        rules.append(_Rule("decoder.final_layernorm.weight", ("model.norm.weight",), "replicated"))
+        # A tied model's last pipeline stage (without the embedding) keeps its own copy of the
+        # embedding as output_layer.weight; with one stage there is no output weight at all.
+        if getattr(model.output_layer, "weight", None) is not None:
+            source = "model.embed_tokens.weight" if spec.tie_word_embeddings else "lm_head.weight"
+            rules.append(_Rule("output_layer.weight", (source,), "vocab"))
+    return rules
+
+
+def _hf_shapes(rule: _Rule, spec: HFModelSpec) -> list[tuple[int, ...]]:
+    """The Hugging Face shapes of a rule's tensors."""
+    d, hidden = spec.head_dim, spec.hidden_size
+    if rule.kind == "qkv":
+        rows = (spec.num_heads * d, spec.num_kv_heads * d, spec.num_kv_heads * d)
+        bias = rule.megatron.endswith(".bias")
+        return [(r,) if bias else (r, hidden) for r in rows]
+    if rule.kind == "gated":
+        return [(spec.intermediate_size, hidden)] * 2
+    if rule.kind == "vocab":
+        return [(spec.vocab_size, hidden)]
+    if rule.kind == "columns":
+        if "linear_proj" in rule.megatron:
+            return [(hidden, spec.num_heads * d)]
+        return [(hidden, spec.intermediate_size)]
+    if "_layernorm" in rule.megatron and "self_attention" in rule.megatron:
+        return [(d,)]  # Qwen3's per-head q/k norms
+    return [(hidden,)]
+
+
+def _shard(rule: _Rule, tensors: list[torch.Tensor], spec: HFModelSpec, padded_vocab: int,
+           tp: int, rank: int) -> torch.Tensor:  # fmt: skip
+    """This rank's Megatron tensor for a rule, from the full Hugging Face tensors."""
+    if rule.kind == "replicated":
+        return tensors[0]
+    if rule.kind == "vocab":
+        full = tensors[0]
+        padding = full.new_zeros((padded_vocab - full.shape[0], *full.shape[1:]))
+        return torch.cat([full, padding]).chunk(tp)[rank]
+    if rule.kind == "columns":
+        return tensors[0].chunk(tp, dim=1)[rank]
+    if rule.kind == "gated":
+        gate, up = tensors
+        return torch.cat([gate.chunk(tp)[rank], up.chunk(tp)[rank]])
+    # qkv: [ng, (q/ng + 2) * d, ...] in group order, then whole groups per rank.
+    q, k, v = tensors
+    ng, d = spec.num_kv_heads, spec.head_dim
+    tail = q.shape[1:]
+    grouped = torch.cat(
+        [q.reshape(ng, -1, d, *tail), k.reshape(ng, 1, d, *tail), v.reshape(ng, 1, d, *tail)],
+        dim=1,
+    )
+    return grouped.reshape(-1, *tail).chunk(tp)[rank]
+
+
+def _merge(rule: _Rule, shards: list[torch.Tensor], spec: HFModelSpec) -> list[torch.Tensor]:
+    """The full Hugging Face tensors of a rule, from every TP rank's Megatron shard."""
+    if rule.kind == "replicated":
+        return [shards[0]]
+    if rule.kind == "vocab":
+        return [torch.cat(shards)[: spec.vocab_size]]
+    if rule.kind == "columns":
+        return [torch.cat(shards, dim=1)]
+    if rule.kind == "gated":
+        halves = [s.chunk(2) for s in shards]
+        return [torch.cat([g for g, _ in halves]), torch.cat([u for _, u in halves])]
+    ng, d = spec.num_kv_heads, spec.head_dim
+    full = torch.cat(shards)
+    tail = full.shape[1:]
+    grouped = full.reshape(ng, -1, d, *tail)
+    q_per_group = grouped.shape[1] - 2
+    q, k, v = grouped.split([q_per_group, 1, 1], dim=1)
+    return [t.reshape(-1, *tail) for t in (q, k, v)]
+
+
+def read_hf_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Reads every tensor of a Hugging Face model directory's safetensors files, on CPU.
+
+    A ``model.safetensors.index.json`` selects the shards it names; otherwise every
+    ``*.safetensors`` file in the directory is read.
+
+    Raises:
+        WeightMappingError: No safetensors file, or a shard the index names is missing.
+    """
+    from safetensors.torch import load_file
+
+    root = Path(path)
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        files = [
+            root / n for n in sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        ]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise WeightMappingError(f"{index} names shards that do not exist: {missing}")
+    else:
+        files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise WeightMappingError(f"no *.safetensors weights in {root}")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        tensors.update(load_file(str(file), device="cpu"))
+    return tensors
+
+
+def _tp_rank_and_size() -> tuple[int, int]:
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return 0, 1
+    return (
+        parallel_state.get_tensor_model_parallel_rank(),
+        parallel_state.get_tensor_model_parallel_world_size(),
+    )
+
+
+def load_hf_weights(model: Any, source: str | Path | Mapping[str, torch.Tensor]) -> None:
+    """Copies Hugging Face weights into this process's shards of a model, in place.
+
+    Every rank passes the full tensors (a directory or a full state dict) and keeps its own
+    tensor-parallel slice and pipeline stage's layers; names of other stages' layers are
+    skipped, not reported. Works on a wrapped model (DDP) too.
+
+    Args:
+        model: A model from :func:`build_gpt_model` (or a wrapper of one).
+        source: A Hugging Face model directory or a ``{hf_name: tensor}`` mapping.
+
+    Raises:
+        WeightMappingError: Names the model does not know, names it needs that are missing,
+            and tensors whose shape differs from the config's; all listed at once.
+    """
+    model = unwrap_model(model)
+    spec = hf_spec_of(model)
+    state = read_hf_state_dict(source) if isinstance(source, str | Path) else dict(source)
+    rank, tp = _tp_rank_and_size()
+    params = dict(model.named_parameters())
+    padded_vocab = model.vocab_size
+    rules = _rules(model, spec)
+    known = _all_hf_names(spec)
+    unknown = sorted(n for n in state if n not in known and not n.endswith(_IGNORED_HF_SUFFIXES))
+    needed = {name for rule in rules for name in rule.hf}
+    missing = sorted(needed - state.keys())
+    wrong_shape = []
+    for rule in rules:
+        for name, shape in zip(rule.hf, _hf_shapes(rule, spec), strict=True):
+            if name in state and tuple(state[name].shape) != shape:
+                wrong_shape.append(f"{name}: {tuple(state[name].shape)}, expected {shape}")
+    if unknown or missing or wrong_shape:
+        parts = [f"{label}: {', '.join(items)}" for label, items in (
+            ("unknown names", unknown), ("missing names", missing), ("wrong shapes", wrong_shape)
+        ) if items]  # fmt: skip
+        raise WeightMappingError(f"Hugging Face weights do not fit the {spec.model_type} model; "
+                                 + "; ".join(parts))  # fmt: skip
+    with torch.no_grad():
+        for rule in rules:
+            param = params[rule.megatron]
+            value = _shard(rule, [state[n] for n in rule.hf], spec, padded_vocab, tp, rank)
+            if value.shape != param.shape:
+                raise WeightMappingError(
+                    f"{rule.megatron}: shard shape {tuple(value.shape)} does not match the "
+                    f"parameter's {tuple(param.shape)}"
+                )
+            param.copy_(value)
+
+
+def _all_hf_names(spec: HFModelSpec) -> set[str]:
+    """Every Hugging Face name a checkpoint of this architecture may hold.
+
+    ``lm_head.weight`` is known for tied models too: some tied checkpoints store the (identical)
+    head anyway; it is accepted and unused.
+    """
+    names = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
+    for i in range(spec.num_layers):
+        names.update(
+            f"model.layers.{i}.{hf}" for _, suffixes, _ in _layer_rules(spec) for hf in suffixes
+        )
+    return names
+
+
+def export_hf_state_dict(model: Any) -> dict[str, torch.Tensor]:
+    """Gathers a model's weights to Hugging Face names and shapes (real vocabulary).
+
+    Collective over the tensor-parallel group: every TP rank must call it, and every rank gets
+    the full dict (CPU tensors in the parameter dtype). A tied model has no ``lm_head.weight``,
+    like ``transformers``' own checkpoints.
+
+    Raises:
+        ConfigError: Pipeline parallelism is on (each stage holds only its own layers).
+    """
+    from megatron.core import parallel_state
+
+    model = unwrap_model(model)
+    spec = hf_spec_of(model)
+    _, tp = _tp_rank_and_size()
+    if _parallel_sizes()[1] > 1:
+        raise ConfigError("exporting Hugging Face weights with --pipeline-model-parallel-size "
+                          "> 1 is not supported")  # fmt: skip
+    group = parallel_state.get_tensor_model_parallel_group() if tp > 1 else None
+    params = dict(model.named_parameters())
+    out: dict[str, torch.Tensor] = {}
+    for rule in _rules(model, spec):
+        local = params[rule.megatron].detach()
+        if tp > 1:
+            shards = [torch.empty_like(local) for _ in range(tp)]
+            dist.all_gather(shards, local.contiguous(), group=group)
+        else:
+            shards = [local]
+        if rule.megatron == "output_layer.weight" and spec.tie_word_embeddings:
+            continue  # a stage copy of the embedding, already exported
+        for name, tensor in zip(rule.hf, _merge(rule, shards, spec), strict=True):
+            out[name] = tensor.to("cpu").clone().contiguous()
+    return out
+
+
+def save_hf_checkpoint(
+    model: Any,
+    hf_config: Mapping[str, Any] | str | Path | Any,
+    out_dir: str | Path,
+    tokenizer_dir: str | Path | None = None,
+) -> Path:
+    """Writes a Hugging Face model directory (``config.json``, ``model.safetensors``, tokenizer
+    files) that ``AutoModelForCausalLM.from_pretrained`` loads.
+
+    Collective: every rank calls it; global rank 0 writes, then all ranks wait for the files.
+
+    Args:
+        model: A model from :func:`build_gpt_model` (or a wrapper of one).
+        hf_config: The config to write (its ``dtype`` is set to the weights' dtype).
+        out_dir: Destination directory (created; existing files are overwritten).
+        tokenizer_dir: A directory whose tokenizer files (see ``_TOKENIZER_FILES``) are copied.
+
+    Returns:
+        ``out_dir``.
+    """
+    from safetensors.torch import save_file
+
+    state = export_hf_state_dict(model)
+    out = Path(out_dir)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        raw = read_hf_config(hf_config)
+        raw.setdefault("architectures", [_ARCHITECTURES[raw["model_type"]]])
+        dtype = next(iter(state.values())).dtype
+        raw["dtype"] = str(dtype).removeprefix("torch.")
+        if "torch_dtype" in raw:
+            raw["torch_dtype"] = raw["dtype"]
+        (out / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
+        save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+        if tokenizer_dir is not None:
+            for name in _TOKENIZER_FILES:
+                src = Path(tokenizer_dir) / name
+                if src.is_file():
+                    shutil.copyfile(src, out / name)
+    if dist.is_initialized():
+        dist.barrier()
+    return out
