@@ -2,8 +2,9 @@
 and the embedded engine against transformers' ``generate()``.
 
 (a) ``--episodes`` (64) episodes x 3 turns on the built-in tiny model (real sampling, 16 new
-tokens a turn), each turn's tool taking 100 ms (an async sleep; a random-init model writes no
-tool calls, so a forced tool-call format reads every turn as a call to it):
+tokens a turn, counted as a finished turn), each turn's tool taking 100 ms (an async sleep; a
+random-init model writes no tool calls, so a forced tool-call format reads every turn as a call
+to it):
 
 * ``rollout_wall_over_ideal``: wall time of the episode runner / the ideal critical path. The
   ideal is what a perfect scheduler would need: for each turn, the engine generating all the
@@ -27,71 +28,23 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import agentrl
 from agentrl.chat import ChatRenderer
 from agentrl.models import build_tiny_model
 from agentrl.rollout.custom import load_custom_generate, run_custom_generate
-from agentrl.rollout.engine import EmbeddedEngine, Engine, SamplingParams
+from agentrl.rollout.engine import EmbeddedEngine, SamplingParams
 from agentrl.rollout.episode import Episode, RolloutContext
 from agentrl.rollout.sample import Sample
-from agentrl.tools.calls import ParsedTurn, ToolCall
-from agentrl.tools.formats.base import ToolCallFormat
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests.support.engines import EveryTurnCalls, FixedLengthTurns  # noqa: E402
+
 TOOL_S = 0.1
 TURNS = 3
 NEW_TOKENS = 16
-
-
-class FixedLengthTurns(Engine):
-    """Ends every turn after exactly ``NEW_TOKENS`` tokens, as if the last were a stop token
-    (a random-init model never writes its end-of-turn token); everything else is delegated."""
-
-    def __init__(self, engine: EmbeddedEngine) -> None:
-        self.engine = engine
-
-    async def generate(self, input_ids, sampling, rid=None):
-        out = await self.engine.generate(input_ids, sampling, rid)
-        if out.finish_reason == "length":
-            out.finish_reason = "stop"
-        return out
-
-    async def update_weights(self, **kwargs):
-        await self.engine.update_weights(**kwargs)
-
-    async def pause(self, mode="abort"):
-        await self.engine.pause(mode)
-
-    async def resume(self):
-        await self.engine.resume()
-
-    async def abort(self, rid_prefix=""):
-        return await self.engine.abort(rid_prefix)
-
-    async def health(self):
-        return await self.engine.health()
-
-    @property
-    def weight_version(self):
-        return self.engine.weight_version
-
-    async def close(self):
-        await self.engine.close()
-
-
-class EveryTurnCallsWait(ToolCallFormat):
-    """Reads any assistant text as one call to ``wait`` (the model is random-init)."""
-
-    name = "bench-wait"
-
-    def render(self, content: str, calls: Sequence[ToolCall]) -> str:
-        return content
-
-    def parse(self, text: str) -> ParsedTurn:
-        return ParsedTurn(text.strip(), (ToolCall("wait", {}),))
 
 
 @agentrl.tool
@@ -112,9 +65,9 @@ class WaitEnv(agentrl.ToolEnv):
 
 
 def context(engine: EmbeddedEngine, args: argparse.Namespace) -> RolloutContext:
-    renderer = ChatRenderer(engine.tokenizer, EveryTurnCallsWait())
+    renderer = ChatRenderer(engine.tokenizer, EveryTurnCalls("wait"))
     sampling = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
-    factory = lambda: WaitEnv(max_turns=TURNS, tool_call_format=EveryTurnCallsWait())  # noqa: E731
+    factory = lambda: WaitEnv(max_turns=TURNS, tool_call_format=EveryTurnCalls("wait"))  # noqa: E731
     return RolloutContext(args, FixedLengthTurns(engine), renderer, sampling, 1024, factory)
 
 

@@ -8,16 +8,13 @@ and writes its results to files the test compares with the in-process TP=1 run.
 from __future__ import annotations
 
 import os
-import socket
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from agentrl.errors import ConfigError
 from agentrl.trainer import distributed
@@ -33,6 +30,7 @@ from agentrl.trainer.hf_convert import (
     transformer_config_from_hf,
 )
 from agentrl.trainer.vocab_parallel import vocab_parallel_entropy, vocab_parallel_logprobs
+from tests.support.distributed import free_port, spawn
 
 pytestmark = pytest.mark.skipif(
     torch.cuda.is_available(), reason="CPU-tier Megatron tests; this machine has CUDA"
@@ -242,27 +240,6 @@ def test_vocab_parallel_logprobs_reject_bad_inputs(tp1: None) -> None:
 # --- TP=2 in two processes ---------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _spawn(fn: Callable[..., None], args: tuple, nprocs: int = 2, timeout_s: float = 240) -> None:
-    """Runs ``fn(rank, *args)`` in ``nprocs`` spawned processes; kills them on timeout."""
-    context = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
-    deadline = time.monotonic() + timeout_s
-    try:
-        while not context.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"spawned workers did not finish within {timeout_s}s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-                process.join()
-
-
 def _tp2_worker(rank: int, port: int, hf_dir: str, ckpt_dir: str, out_dir: str) -> None:
     """Every TP=2 check in one process start; results go to ``out_dir/rank{rank}.pt``."""
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
@@ -323,7 +300,7 @@ def test_tensor_parallel_2_equals_tp1(tp1: None, tmp_path: Path) -> None:
     export = export_hf_state_dict(model)
     grad_norm, after_step = adam_step(model, ids, pos)
 
-    _spawn(_tp2_worker, (_free_port(), str(tmp_path / "hf"), str(tmp_path / "ckpt"), str(tmp_path)))
+    spawn(_tp2_worker, (free_port(), str(tmp_path / "hf"), str(tmp_path / "ckpt"), str(tmp_path)))
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
     for result in ranks:  # both ranks compute the full per-token values
         torch.testing.assert_close(result["logp"], logp.detach(), rtol=0, atol=1e-5)

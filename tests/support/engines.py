@@ -1,4 +1,6 @@
-"""A scripted :class:`~agentrl.rollout.engine.Engine` for rollout tests.
+"""Engine stand-ins and adapters for rollout tests and benches.
+
+:class:`ScriptedEngine`: a scripted :class:`~agentrl.rollout.engine.Engine`.
 
 It plays a policy written as a Python function: ``policy(text_so_far, rid) -> reply text``. The
 reply is tokenized and returned as the sampled ids (ending with the end-of-turn id), with
@@ -14,6 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from agentrl.rollout.engine.base import Engine, GenerateOutput, SamplingParams
+from agentrl.tools.calls import ParsedTurn, ToolCall
+from agentrl.tools.formats.base import ToolCallFormat
 
 
 class ScriptedEngine(Engine):
@@ -93,3 +97,57 @@ class ScriptedEngine(Engine):
 
     async def close(self) -> None:
         await self.abort("")
+
+
+class FixedLengthTurns(Engine):
+    """Wraps an engine so a turn that hits ``max_new_tokens`` counts as stopped.
+
+    A random-init model practically never writes its end-of-turn token; this lets tests and
+    benches play multi-turn episodes with it (the episode runner appends the end-of-turn token
+    as an environment token, loss mask 0)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def generate(self, input_ids, sampling, rid=None):
+        out = await self.engine.generate(input_ids, sampling, rid)
+        if out.finish_reason == "length":
+            out.finish_reason = "stop"
+        return out
+
+    async def update_weights(self, **kwargs):
+        await self.engine.update_weights(**kwargs)
+
+    async def pause(self, mode="abort"):
+        await self.engine.pause(mode)
+
+    async def resume(self):
+        await self.engine.resume()
+
+    async def abort(self, rid_prefix=""):
+        return await self.engine.abort(rid_prefix)
+
+    async def health(self):
+        return await self.engine.health()
+
+    @property
+    def weight_version(self):
+        return self.engine.weight_version
+
+    async def close(self):
+        await self.engine.close()
+
+
+class EveryTurnCalls(ToolCallFormat):
+    """Reads any assistant text as one call to ``tool_name`` with no arguments (for random-init
+    models, which write no tool-call markup)."""
+
+    def __init__(self, tool_name: str) -> None:
+        self.name = f"every-turn-calls-{tool_name}"
+        self.tool_name = tool_name
+
+    def render(self, content, calls):
+        return content
+
+    def parse(self, text):
+        return ParsedTurn(text.strip(), (ToolCall(self.tool_name, {}),))

@@ -1,0 +1,344 @@
+"""``MegatronActor``: the policy trained with megatron-core, one instance per rank.
+
+A rollout's samples come in; the actor computes the old, reference and (per step) current
+log-probs of every trained token through the vocab-parallel log-softmax at the rollout's
+temperature, the advantages by explicit group id, and takes ``--num-steps-per-rollout`` optimizer
+steps of ``--global-batch-size`` samples, each as ``--micro-batch-size`` (or token-budget)
+micro-batches with gradient accumulation. Megatron's ``GPTModel`` (local layer spec), its
+``DistributedDataParallel`` and optimizer, and its learning-rate scheduler do the work; the
+same code runs on CPU (gloo, the compatibility layer) and GPU (nccl).
+
+Every rank of a model-parallel group calls every method with the same samples (a Ray actor
+group does it in issue 7; tests spawn processes). Loss aggregation is explicit
+(``--loss-aggregation``): the denominator is the whole optimizer step's token (or sample) count,
+so summing micro-batch losses gives exactly the full-batch loss whatever the micro-batching.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentrl.algorithms import compute_advantages, kl_estimate, tis_weights, total_loss
+from agentrl.errors import ConfigError
+from agentrl.rollout.sample import Sample
+from agentrl.trainer.batch import TrainBatch, build_batch, micro_batches
+from agentrl.trainer.config import TrainerConfig
+from agentrl.trainer.distributed import init_model_parallel
+from agentrl.trainer.hf_convert import (
+    build_gpt_model,
+    check_model_flags,
+    export_hf_state_dict,
+    hf_spec_of,
+    load_hf_weights,
+    read_hf_config,
+    save_hf_checkpoint,
+)
+from agentrl.trainer.vocab_parallel import vocab_parallel_entropy, vocab_parallel_logprobs
+
+__all__ = ["MegatronActor"]
+
+LOGPROB_CHUNK = 4096
+"""Tokens per chunk of fp32 shard logits in the log-prob and entropy computations."""
+
+
+class MegatronActor:
+    """The policy (and, with a KL term, a frozen reference copy) on this rank.
+
+    Args:
+        config: Trainer flags (validated here).
+        hf_checkpoint: Hugging Face directory of the initial weights; ``None`` builds a
+            random-init model from the model flags (``model_overrides`` must then give
+            ``vocab_size``).
+        rollout_temperature: The engine's sampling temperature: logits are divided by it before
+            the log-softmax, so trainer and engine log-probs are the same quantity.
+        total_steps: Optimizer steps of the whole run, for the learning-rate decay.
+        pad_id: Token id used for padding.
+        model_overrides: Extra model-flag values (e.g. ``vocab_size``) merged over ``config``.
+
+    Raises:
+        ConfigError: A flag cannot work here (pipeline parallelism, sequence parallelism on
+            CPU) or contradicts the checkpoint; the message names the flag.
+    """
+
+    def __init__(
+        self, config: TrainerConfig, *, hf_checkpoint: str | Path | None,
+        rollout_temperature: float = 1.0, total_steps: int | None = None, pad_id: int = 0,
+        model_overrides: Mapping[str, Any] | None = None,
+    ) -> None:  # fmt: skip
+        config.validate()
+        if config.pipeline_model_parallel_size > 1:
+            raise ConfigError("--pipeline-model-parallel-size > 1 is not supported by the "
+                              "Megatron actor yet: use tensor parallelism (and data parallelism)")
+        cuda = torch.cuda.is_available()
+        if config.sequence_parallel and not cuda:
+            raise ConfigError("--sequence-parallel needs CUDA GPUs (with Transformer Engine); "
+                              "drop it on this machine")
+        self.config = config
+        self.temperature = max(float(rollout_temperature), 1e-6)
+        self.pad_id = pad_id
+        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        init_model_parallel(config.tensor_model_parallel_size, 1, seed=config.seed)
+        torch.manual_seed(config.seed)
+
+        flags = {**dataclasses.asdict(config), **dict(model_overrides or {})}
+        source = read_hf_config(hf_checkpoint) if hf_checkpoint is not None else None
+        self.hf_config = check_model_flags(source, flags)
+        self.hf_checkpoint = Path(hf_checkpoint) if hf_checkpoint is not None else None
+        self.params_dtype = torch.bfloat16 if cuda else torch.float32
+        overrides: dict[str, Any] = {}
+        if config.sequence_parallel:
+            overrides["sequence_parallel"] = True
+        if config.recompute_activations:
+            overrides.update(recompute_granularity="full", recompute_method="uniform",
+                             recompute_num_layers=1)  # fmt: skip
+        self.model = self._build(overrides)
+        self.vocab_size = hf_spec_of(self.model).vocab_size
+        self.ref_model = None
+        if config.use_kl_loss or config.kl_coef:
+            self.ref_model = self._build({})
+            self.ref_model.load_state_dict(self.model.state_dict())
+            self.ref_model.eval().requires_grad_(False)
+        self._setup_optimizer(total_steps)
+        self.step = 0
+
+    # -- model -----------------------------------------------------------------------------
+
+    def _build(self, overrides: dict[str, Any]) -> Any:
+        model = build_gpt_model(self.hf_config, params_dtype=self.params_dtype, **overrides)
+        model.to(self.device)
+        if self.hf_checkpoint is not None:
+            load_hf_weights(model, self.hf_checkpoint)
+        return model
+
+    def _setup_optimizer(self, total_steps: int | None) -> None:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        c = self.config
+        cuda = self.device.type == "cuda"
+        self.ddp = DistributedDataParallel(
+            self.model.config,
+            DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=cuda),
+            self.model,
+        )
+        optimizer_config = OptimizerConfig(
+            optimizer="adam", lr=c.lr, min_lr=c.min_lr, weight_decay=c.weight_decay,
+            adam_beta1=c.adam_beta1, adam_beta2=c.adam_beta2, adam_eps=c.adam_eps,
+            clip_grad=c.clip_grad, bf16=cuda, params_dtype=self.params_dtype,
+            use_distributed_optimizer=cuda,
+        )  # fmt: skip
+        self.optimizer = get_megatron_optimizer(optimizer_config, [self.ddp])
+        steps = max(1, total_steps or 1)
+        decay = c.lr_decay_iters or steps
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer, init_lr=0.0 if c.lr_warmup_iters else c.lr, max_lr=c.lr,
+            min_lr=c.min_lr, lr_warmup_steps=c.lr_warmup_iters,
+            lr_decay_steps=max(decay, c.lr_warmup_iters + 1), lr_decay_style=c.lr_decay_style,
+            start_wd=c.weight_decay, end_wd=c.weight_decay, wd_incr_steps=max(decay, 1),
+            wd_incr_style="constant",
+        )  # fmt: skip
+
+    def _forward(self, model: Any, batch: TrainBatch) -> torch.Tensor:
+        """``[b, L, V / tp]`` logits shards (causal attention; right padding never attends)."""
+        tokens = batch.tokens.to(self.device)
+        positions = torch.arange(tokens.shape[1], device=self.device).expand_as(tokens)
+        return model(tokens, positions, None)
+
+    def _token_logprobs(self, logits: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
+        """``[b, L - 1]`` log-probs of each next token at the rollout temperature."""
+        targets = batch.tokens[:, 1:].to(self.device)
+        return vocab_parallel_logprobs(
+            logits[:, :-1], targets, vocab_size=self.vocab_size, temperature=self.temperature,
+            chunk_size=LOGPROB_CHUNK,
+        )  # fmt: skip
+
+    @torch.no_grad()
+    def logprobs(self, samples_or_batch: Sequence[Sample] | TrainBatch, *, reference: bool = False
+                 ) -> torch.Tensor:  # fmt: skip
+        """Per-token log-probs ``[B, L - 1]`` (shifted layout, see :mod:`agentrl.trainer.batch`)
+        under the policy, or the reference model; 0 where nothing is predicted.
+
+        Raises:
+            ConfigError: ``reference=True`` without a reference model (no KL term configured).
+        """
+        batch = self._as_batch(samples_or_batch)
+        model = self.ref_model if reference else self.model
+        if model is None:
+            raise ConfigError("no reference model: it exists with --use-kl-loss or --kl-coef")
+        model.eval()
+        out = torch.zeros_like(batch.mask)
+        for rows in self._micro(batch):
+            part = batch.select(rows)
+            logp = self._token_logprobs(self._forward(model, part), part).float().cpu()
+            out[rows, : logp.shape[1]] = logp * part.mask
+        return out
+
+    # -- training --------------------------------------------------------------------------
+
+    def train(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """One rollout's training: advantages, then ``--num-steps-per-rollout`` steps.
+
+        Args:
+            samples: The rollout's samples (every group complete), in any order.
+
+        Returns:
+            Metrics averaged over the steps: ``loss``, ``pg_loss``, ``kl_loss``, ``entropy``,
+            ``clip_fraction``, ``ppo_kl``, ``grad_norm``, ``lr``, ``advantage_abs_mean``,
+            ``train_tokens_per_s``, ``logprob_abs_diff`` (trainer vs rollout log-probs).
+        """
+        c = self.config
+        batch = self._as_batch(samples)
+        started = time.perf_counter()
+        steps = c.num_steps_per_rollout or 1
+        step_size = c.global_batch_size or len(batch.samples)
+        if step_size * steps != len(batch.samples):
+            raise ConfigError(
+                f"the rollout has {len(batch.samples)} samples but --global-batch-size x "
+                f"--num-steps-per-rollout = {step_size} x {steps}: check the batch equation")
+        old = self.logprobs(batch) if steps > 1 or c.use_tis or c.kl_coef else None
+        ref = self.logprobs(batch, reference=True) if self.ref_model is not None else None
+        kl = kl_estimate(old, ref, "k1") * batch.mask if c.kl_coef and old is not None else None
+        advantages = compute_advantages(
+            c.advantage_estimator, batch.rewards, batch.groups, batch.mask, kl=kl,
+            kl_coef=c.kl_coef, gamma=c.gamma, lam=c.lambd,
+            std_normalize=not c.disable_grpo_std_normalization,
+        ).advantages  # fmt: skip
+        history: list[dict[str, float]] = []
+        for step in range(steps):
+            rows = list(range(step * step_size, (step + 1) * step_size))
+            history.append(self._step(batch, rows, advantages, old, ref))
+        metrics = {k: sum(h[k] for h in history) / len(history) for k in history[0]}
+        elapsed = time.perf_counter() - started
+        metrics["train_tokens_per_s"] = float(batch.lengths.sum().item()) * steps / max(elapsed, 1e-9)
+        metrics["advantage_abs_mean"] = float((advantages.abs() * batch.mask).sum() /
+                                              batch.mask.sum().clamp(min=1))  # fmt: skip
+        return metrics
+
+    def _step(self, batch: TrainBatch, rows: list[int], advantages: torch.Tensor,
+              old: torch.Tensor | None, ref: torch.Tensor | None) -> dict[str, float]:  # fmt: skip
+        """One optimizer step over ``rows`` of ``batch``."""
+        from megatron.core.distributed import finalize_model_grads
+
+        c = self.config
+        step_batch = batch.select(rows)
+        mask = step_batch.mask
+        denominator = self._denominator(mask)
+        self.model.train()
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        sums: dict[str, float] = {}
+        logprob_diff = 0.0
+        for micro in self._micro(step_batch):
+            part = step_batch.select(micro)
+            width = part.mask.shape[1]
+            index = [rows[i] for i in micro]
+            logits = self._forward(self.model, part)
+            logp = self._token_logprobs(logits, part).float().cpu() if self.device.type == "cpu" \
+                else self._token_logprobs(logits, part).float()  # fmt: skip
+            entropy = None
+            if c.entropy_coef:
+                entropy = vocab_parallel_entropy(logits[:, :-1], vocab_size=self.vocab_size,
+                                                 temperature=self.temperature,
+                                                 chunk_size=LOGPROB_CHUNK).float()  # fmt: skip
+            m = part.mask.to(logp.device)
+            old_logp = (old[index, :width] if old is not None else logp.detach()).to(logp.device)
+            weights = None
+            if c.use_tis:
+                weights = tis_weights(old_logp, part.rollout_logprobs.to(logp.device), m,
+                                      low=c.tis_clip_low, high=c.tis_clip)  # fmt: skip
+            loss, parts = total_loss(
+                logp, old_logp, advantages[index, :width].to(logp.device), m,
+                entropy=entropy, entropy_coef=c.entropy_coef,
+                ref_logp=ref[index, :width].to(logp.device) if ref is not None and c.use_kl_loss else None,
+                kl_loss_coef=c.kl_loss_coef if c.use_kl_loss else 0.0, kl_loss_type=c.kl_loss_type,
+                eps_clip=c.eps_clip, eps_clip_high=c.eps_clip_high, eps_clip_c=c.eps_clip_c,
+                ratio="sequence" if c.advantage_estimator == "gspo" else "token",
+                tis_weights=weights, aggregation=c.loss_aggregation, denominator=denominator,
+            )  # fmt: skip
+            loss.backward()
+            for key, value in parts.items():
+                sums[key] = sums.get(key, 0.0) + float(value)
+            diff = ((logp.detach() - part.rollout_logprobs.to(logp.device)).abs() * m).sum()
+            logprob_diff += float(diff)
+        finalize_model_grads([self.ddp])
+        success, grad_norm, _ = self.optimizer.step()
+        if not success:
+            raise RuntimeError("the optimizer step was skipped (non-finite gradients)")
+        self.scheduler.step(increment=1)
+        self.step += 1
+        tokens = max(float(mask.sum()), 1.0)
+        sums["grad_norm"] = float(grad_norm) if grad_norm is not None else math.nan
+        sums["lr"] = float(self.optimizer.param_groups[0]["lr"])
+        sums["logprob_abs_diff"] = logprob_diff / tokens
+        return sums
+
+    def _denominator(self, mask: torch.Tensor) -> float:
+        if self.config.loss_aggregation == "token_mean":
+            return max(float(mask.sum()), 1.0)
+        return max(float((mask.sum(dim=1) > 0).sum()), 1.0)
+
+    def _micro(self, batch: TrainBatch) -> list[list[int]]:
+        lengths = batch.lengths.tolist()
+        if self.config.use_dynamic_batch_size:
+            return micro_batches(lengths, max_tokens=self.config.max_tokens_per_gpu)
+        return micro_batches(lengths, micro_batch_size=self.config.micro_batch_size)
+
+    def _as_batch(self, samples_or_batch: Sequence[Sample] | TrainBatch) -> TrainBatch:
+        if isinstance(samples_or_batch, TrainBatch):
+            return samples_or_batch
+        return build_batch(list(samples_or_batch), pad_id=self.pad_id)
+
+    # -- weights and checkpoints -------------------------------------------------------------
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy's weights under Hugging Face names (gathered over tensor parallelism; a
+        collective: every TP rank calls it), as ``Engine.update_weights(state_dict=...)`` takes."""
+        return export_hf_state_dict(self.model)
+
+    def save_hf(self, out_dir: str | Path, tokenizer_dir: str | Path | None = None) -> Path:
+        """Writes a Hugging Face directory (collective over all ranks; rank 0 writes)."""
+        tokenizer_dir = tokenizer_dir or self.hf_checkpoint
+        return save_hf_checkpoint(self.model, self.hf_config, out_dir, tokenizer_dir=tokenizer_dir)
+
+    def save_checkpoint(self, directory: str | Path, extra: Mapping[str, Any] | None = None) -> None:
+        """Saves model, optimizer, scheduler, step and RNG states (Megatron distributed checkpoint;
+        reshardable: a TP=1 checkpoint loads at TP=2). ``extra`` is kept with it (JSON-able)."""
+        from megatron.core import dist_checkpointing
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        model_state = self.model.sharded_state_dict()
+        state = {
+            "model": model_state,
+            "optimizer": self.optimizer.sharded_state_dict(model_state),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "rng": torch.get_rng_state(),
+            "extra": dict(extra or {}),
+        }
+        dist_checkpointing.save(state, str(directory))
+
+    def load_checkpoint(self, directory: str | Path) -> dict[str, Any]:
+        """Restores what :meth:`save_checkpoint` saved; returns its ``extra``."""
+        from megatron.core import dist_checkpointing
+
+        model_state = self.model.sharded_state_dict()
+        template = {
+            "model": model_state,
+            "optimizer": self.optimizer.sharded_state_dict(model_state, is_loading=True),
+        }
+        state = dist_checkpointing.load(template, str(directory))
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = int(state["step"])
+        torch.set_rng_state(state["rng"])
+        return dict(state.get("extra", {}))

@@ -1,0 +1,184 @@
+"""MegatronActor on CPU: log-prob parity with the embedded engine on its own multi-turn samples,
+step-0 KL, the direction of a GRPO step, micro-batch invariance, checkpoints, and TP=2 == TP=1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import agentrl
+from agentrl.chat import ChatRenderer
+from agentrl.models import build_tiny_model
+from agentrl.rollout.engine import EmbeddedEngine, SamplingParams
+from agentrl.rollout.episode import Episode, RolloutContext
+from agentrl.rollout.sample import Sample
+from agentrl.trainer.actor import MegatronActor
+from agentrl.trainer.config import TrainerConfig
+from tests.support.distributed import free_port, spawn
+from tests.support.engines import EveryTurnCalls, FixedLengthTurns
+
+TEMPERATURE = 0.8
+
+
+@agentrl.tool
+def look() -> str:
+    """Looks around."""
+    return "a room with a door"
+
+
+class LookEnv(agentrl.ToolEnv):
+    tools = [look]
+
+    def make_prompt(self, task):
+        return [{"role": "user", "content": f"Task {task['i']}: look around."}]
+
+    def compute_reward(self, task, final, state):
+        return 0.0
+
+
+@pytest.fixture(scope="module")
+def samples() -> list[Sample]:
+    """8 multi-turn samples (2 groups of 4) sampled by the embedded engine from the tiny model:
+    assistant turns (mask 1, engine log-probs) and tool replies (mask 0)."""
+
+    async def play() -> list[Sample]:
+        engine = EmbeddedEngine.from_pretrained(build_tiny_model(), max_batch_size=8)
+        try:
+            fmt = EveryTurnCalls("look")
+            ctx = RolloutContext(
+                None, FixedLengthTurns(engine), ChatRenderer(engine.tokenizer, fmt),
+                SamplingParams(max_new_tokens=10, temperature=TEMPERATURE), 512,
+                lambda: LookEnv(max_turns=3, tool_call_format=fmt))  # fmt: skip
+            group = [Sample(group_id=g, index=i, metadata={"task": {"i": g}})
+                     for g in range(2) for i in range(4)]  # fmt: skip
+            return list(await asyncio.gather(*(Episode(ctx, s, f"s{s.group_id}-{s.index}").run()
+                                               for s in group)))  # fmt: skip
+        finally:
+            await engine.close()
+
+    out = asyncio.run(play())
+    for s in out:  # rewards with spread inside each group
+        s.reward = float(s.index % 2)
+        assert s.loss_mask.count(0) > 0 and s.metadata["turns"] == 3
+    return out
+
+
+def actor(**flags) -> MegatronActor:
+    config = TrainerConfig(**{"lr": 1e-3, **flags})
+    return MegatronActor(config, hf_checkpoint=build_tiny_model(), rollout_temperature=TEMPERATURE,
+                         total_steps=4)  # fmt: skip
+
+
+def trained_logprobs(actor_: MegatronActor, samples: list[Sample]) -> torch.Tensor:
+    """[B] mean log-prob of each sample's engine-sampled tokens."""
+    logp = actor_.logprobs(samples)
+    mask = torch.zeros_like(logp)
+    for row, s in enumerate(samples):
+        start = s.prompt_length - 1
+        mask[row, start : start + s.response_length] = torch.tensor(s.loss_mask, dtype=torch.float32)
+    return (logp * mask).sum(1) / mask.sum(1)
+
+
+def test_trainer_logprobs_equal_the_engines(samples):
+    logp = actor().logprobs(samples)
+    worst = 0.0
+    for row, s in enumerate(samples):
+        start = s.prompt_length - 1
+        mine = logp[row, start : start + s.response_length]
+        engine = torch.tensor(s.rollout_log_probs)
+        mask = torch.tensor(s.loss_mask, dtype=torch.bool)
+        worst = max(worst, float((mine[mask] - engine[mask]).abs().max()))
+        assert torch.all(mine[~mask] == 0)  # tool-reply tokens are not scored
+    assert worst < 1e-5, worst
+
+
+def test_step_zero_kl_is_zero_and_grpo_moves_logprobs_by_advantage(samples):
+    a = actor(use_kl_loss=True, kl_loss_coef=0.01, use_tis=True)
+    before = trained_logprobs(a, samples)
+    metrics = a.train(samples)
+    assert abs(metrics["ppo_kl"]) < 1e-8 and abs(metrics["kl_loss"]) < 1e-8
+    assert metrics["logprob_abs_diff"] < 1e-5 and metrics["grad_norm"] > 0
+    change = trained_logprobs(a, samples) - before
+    rewards = torch.tensor([s.reward for s in samples])
+    assert torch.all(change[rewards == 1] > 0) and torch.all(change[rewards == 0] < 0), change
+
+
+def test_micro_batching_does_not_change_the_step(samples):
+    whole = actor(micro_batch_size=8).train(samples)
+    split = actor(micro_batch_size=3).train(samples)
+    dynamic = actor(use_dynamic_batch_size=True, max_tokens_per_gpu=400).train(samples)
+    for key in ("loss", "pg_loss", "grad_norm"):
+        assert split[key] == pytest.approx(whole[key], abs=1e-6, rel=1e-5), key
+        assert dynamic[key] == pytest.approx(whole[key], abs=1e-6, rel=1e-5), key
+
+
+def test_checkpoint_resumes_model_optimizer_and_step(samples, tmp_path):
+    first = actor(num_steps_per_rollout=2, global_batch_size=4)
+    first.train(samples)
+    first.save_checkpoint(tmp_path / "ckpt", extra={"rollout_id": 0})
+    resumed = actor(num_steps_per_rollout=2, global_batch_size=4)
+    assert resumed.load_checkpoint(tmp_path / "ckpt") == {"rollout_id": 0}
+    assert resumed.step == first.step == 2
+    assert torch.allclose(resumed.logprobs(samples), first.logprobs(samples), atol=1e-6)
+    # the next rollout trains identically: Adam moments and the schedule came back too
+    again, continued = resumed.train(samples), first.train(samples)
+    for key in ("loss", "grad_norm", "lr"):
+        assert again[key] == pytest.approx(continued[key], abs=1e-7), key
+    assert torch.allclose(resumed.logprobs(samples), first.logprobs(samples), atol=1e-6)
+
+
+def test_hf_export_serves_the_engine(samples, tmp_path):
+    a = actor()
+    a.train(samples)
+    state = a.hf_state_dict()
+
+    async def engine_logprob_after_update() -> float:
+        engine = EmbeddedEngine.from_pretrained(build_tiny_model())
+        try:
+            await engine.update_weights(state_dict=state, version="1")
+            s = samples[0]
+            out = await engine.generate(s.tokens[: s.prompt_length],
+                                        SamplingParams(max_new_tokens=1, temperature=TEMPERATURE))  # fmt: skip
+            assert out.weight_version == "1"
+            probe = Sample(group_id=0, tokens=s.tokens[: s.prompt_length] + out.output_ids,
+                           response_length=1, loss_mask=[1], rollout_log_probs=out.output_logprobs,
+                           reward=0.0)  # fmt: skip
+            mine = a.logprobs([probe])[0, s.prompt_length - 1]
+            return abs(float(mine) - out.output_logprobs[0])
+        finally:
+            await engine.close()
+
+    assert asyncio.run(engine_logprob_after_update()) < 1e-5
+
+
+def _tp2_worker(rank: int, port: int, data: str, out: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    samples = [Sample.from_json(line) for line in Path(data).read_text().splitlines()]
+    a = actor(tensor_model_parallel_size=2, lr=1e-4, micro_batch_size=4)
+    before = a.logprobs(samples)
+    metrics = a.train(samples)
+    after = a.logprobs(samples)
+    torch.save({"before": before, "after": after, "metrics": metrics}, Path(out) / f"rank{rank}.pt")
+
+
+def test_tensor_parallel_2_equals_1(samples, tmp_path):
+    data = tmp_path / "samples.jsonl"
+    data.write_text("".join(s.to_json() + "\n" for s in samples))
+    spawn(_tp2_worker, (free_port(), str(data), str(tmp_path)))
+    single = actor(lr=1e-4, micro_batch_size=4)
+    before = single.logprobs(samples)
+    metrics = single.train(samples)
+    after = single.logprobs(samples)
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert torch.allclose(got["before"], before, atol=1e-5)
+        for key in ("loss", "pg_loss", "ppo_kl", "grad_norm"):
+            assert got["metrics"][key] == pytest.approx(metrics[key], abs=1e-5, rel=1e-5), key
+        assert torch.allclose(got["after"], after, atol=1e-4)
+    json.dumps(metrics)  # metrics are plain floats, ready for a JSONL log
