@@ -492,7 +492,8 @@ def build_gpt_model(
 ) -> Any:
     """Builds a randomly initialised megatron ``GPTModel`` for a Hugging Face config.
 
-    Uses ``get_gpt_layer_local_spec()`` (no Transformer Engine), rotary embeddings with the
+    Uses ``get_gpt_layer_local_spec()`` (no Transformer Engine) with torch's fused attention
+    kernel for causal attention (:mod:`agentrl.trainer.attention`), rotary embeddings with the
     config's base, tied embeddings when ``tie_word_embeddings`` is set, and a vocabulary padded
     by :func:`padded_vocab_size`. The model keeps ``vocab_parallel`` logits (``parallel_output``):
     a forward returns ``[batch, seq, padded_vocab / tp]``; see :func:`vocab_parallel_logprobs`.
@@ -513,6 +514,8 @@ def build_gpt_model(
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+    from agentrl.trainer.attention import use_sdpa_attention
+
     spec = HFModelSpec.from_hf(hf_config)
     config = transformer_config_from_hf(spec, params_dtype=params_dtype, **config_overrides)
     if pre_process is None:
@@ -521,7 +524,7 @@ def build_gpt_model(
         post_process = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm),
+        transformer_layer_spec=use_sdpa_attention(get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm)),
         vocab_size=padded_vocab_size(
             spec.vocab_size, config.tensor_model_parallel_size, make_vocab_size_divisible_by
         ),

@@ -11,7 +11,9 @@ SUM-reduced. Columns at or past ``vocab_size`` (Megatron's padding, see
 They are custom autograd functions rather than megatron's ``vocab_parallel_cross_entropy``,
 which has no temperature and counts padded vocabulary columns in the softmax. Each processes
 ``chunk_size`` tokens at a time, so no more than one chunk of fp32 shard logits exists at once
-(the backward recomputes the softmax chunk by chunk from the saved input).
+(the backward recomputes the softmax chunk by chunk from the saved input). Without tensor
+parallelism, logits up to :data:`FUSED_MAX_ELEMENTS` take torch's fused log-softmax instead
+(same values, several times faster on small batches).
 """
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["vocab_parallel_entropy", "vocab_parallel_logprobs"]
+__all__ = ["FUSED_MAX_ELEMENTS", "vocab_parallel_entropy", "vocab_parallel_logprobs"]
+
+FUSED_MAX_ELEMENTS = 1 << 26
+"""Without tensor parallelism, logits up to this many elements (256 MiB in fp32) go through
+torch's fused log-softmax; larger ones through the chunked function, whose memory stays at one
+chunk of fp32 logits."""
 
 
 def _default_tp_group() -> Any:
@@ -183,6 +190,12 @@ def vocab_parallel_logprobs(
     if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= vocab_size):
         raise ValueError(f"targets must lie in [0, {vocab_size}); got "
                          f"[{int(targets.min())}, {int(targets.max())}]")  # fmt: skip
+    if group is None and logits_shard.numel() <= FUSED_MAX_ELEMENTS:
+        # One rank and a small batch: torch's fused log-softmax (forward and backward kernels)
+        # is several times faster than the chunked function, and the fp32 copy it keeps for
+        # backward is at most FUSED_MAX_ELEMENTS floats.
+        scaled = logits_shard[..., :vocab_size].float() / temperature
+        return scaled.log_softmax(-1).gather(-1, targets[..., None].long())[..., 0]
     return _VocabParallelLogProbs.apply(
         logits_shard, targets, float(temperature), chunk_size, int(vocab_size), group
     )
@@ -254,6 +267,9 @@ def vocab_parallel_entropy(
     """
     group = _default_tp_group() if group is None else group
     _check_inputs(logits_shard, temperature, vocab_size, group)
+    if group is None and logits_shard.numel() <= FUSED_MAX_ELEMENTS:
+        logp = (logits_shard[..., :vocab_size].float() / temperature).log_softmax(-1)
+        return -(logp.exp() * logp).sum(-1)
     return _VocabParallelEntropy.apply(
         logits_shard, float(temperature), chunk_size, int(vocab_size), group
     )

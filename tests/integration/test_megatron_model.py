@@ -435,3 +435,24 @@ def test_init_model_parallel_validates_sizes(tp1: None) -> None:
         distributed._validate_sizes(2, 2, 6)
     with pytest.raises(ConfigError, match="--pipeline-model-parallel-size must be >= 1"):
         distributed._validate_sizes(1, 0, 1)
+
+
+def test_fused_single_rank_path_equals_the_chunked_function():
+    """Without TP, small logits take torch's fused log-softmax; it must equal the chunked
+    autograd function (values and gradients), which large batches and TP ranks use."""
+    from agentrl.trainer import vocab_parallel as vp
+
+    generator = torch.Generator().manual_seed(5)
+    logits = (torch.randn(3, 7, 384, generator=generator) * 4).requires_grad_()
+    targets = torch.randint(0, 300, (3, 7), generator=generator)
+    fused = vp.vocab_parallel_logprobs(logits, targets, vocab_size=300, temperature=0.7)
+    chunked = vp._VocabParallelLogProbs.apply(logits, targets, 0.7, 5, 300, None)
+    assert torch.allclose(fused, chunked, atol=1e-6)
+    weights = torch.randn(3, 7, generator=generator)
+    (g_fused,) = torch.autograd.grad((fused * weights).sum(), logits)
+    (g_chunked,) = torch.autograd.grad((chunked * weights).sum(), logits)
+    assert torch.allclose(g_fused, g_chunked, atol=1e-6)
+    assert torch.all(g_fused[..., 300:] == 0)  # padded vocabulary gets no gradient
+    fused_h = vp.vocab_parallel_entropy(logits, vocab_size=300, temperature=0.7)
+    chunked_h = vp._VocabParallelEntropy.apply(logits, 0.7, 5, 300, None)
+    assert torch.allclose(fused_h, chunked_h, atol=1e-5)

@@ -1,0 +1,55 @@
+"""Core attention through ``torch.nn.functional.scaled_dot_product_attention`` for megatron's
+local layer spec.
+
+megatron-core's local ``DotProductAttention`` materialises the ``[b * heads, s, s]`` score
+matrix (``baddbmm``, a masked softmax, ``bmm``) and repeats grouped key/value heads; on GPUs
+Transformer Engine's fused attention replaces it, but without Transformer Engine (CPU, or GPUs
+without it) that unfused path is the slowest part of a layer. This subclass sends the common
+case - causal self-attention without an explicit mask, without attention dropout, with the
+vanilla softmax - to torch's fused kernel (grouped-query attention included) and falls back to
+megatron's own code for anything else, so behaviour is unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.enums import AttnMaskType
+
+__all__ = ["SDPADotProductAttention", "use_sdpa_attention"]
+
+
+class SDPADotProductAttention(DotProductAttention):
+    """``DotProductAttention`` with torch's fused kernel for causal, mask-less attention."""
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_mask: torch.Tensor | None, attn_mask_type: Any = None,
+                attention_bias: Any = None, packed_seq_params: Any = None) -> torch.Tensor:  # fmt: skip
+        mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
+        fusable = (
+            attention_mask is None and mask_type == AttnMaskType.causal
+            and attention_bias is None and packed_seq_params is None
+            and getattr(self.config, "softmax_type", "vanilla") == "vanilla"
+            and not (self.training and self.config.attention_dropout > 0)
+        )  # fmt: skip
+        if not fusable:
+            return super().forward(query, key, value, attention_mask, attn_mask_type,
+                                   attention_bias, packed_seq_params)  # fmt: skip
+        # [s, b, heads, dim] -> [b, heads, s, dim]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        context = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=self.softmax_scale,
+            enable_gqa=q.shape[1] != k.shape[1],
+        )  # fmt: skip
+        # [b, heads, s, dim] -> [s, b, heads * dim]
+        context = context.permute(2, 0, 1, 3).contiguous()
+        return context.view(*context.shape[:2], self.hidden_size_per_partition)
+
+
+def use_sdpa_attention(layer_spec: Any) -> Any:
+    """Points a local layer spec's core attention at :class:`SDPADotProductAttention`."""
+    layer_spec.submodules.self_attention.submodules.core_attention = SDPADotProductAttention
+    return layer_spec

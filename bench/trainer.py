@@ -1,0 +1,224 @@
+"""Train-step throughput of the Megatron actor against plain torch on the same model and batch.
+
+One GRPO step (forward, per-token log-probs at the rollout temperature, clipped policy loss,
+backward, gradient clipping, Adam) on a batch of ``--samples`` sequences of ``--seq-len`` tokens,
+in ``--micro-batch-size`` micro-batches:
+
+* megatron: ``MegatronActor.train`` (megatron-core GPTModel, DDP, Megatron optimizer, our
+  vocab-parallel log-probs, advantages by group id);
+* torch: the equivalent transformers model (same weights), the same loss written inline,
+  ``torch.optim.AdamW`` and ``clip_grad_norm_``.
+
+Rounds alternate between the two in one process; the headline is the ratio of median tokens/s,
+``trainer_vs_torch_tokens_per_s`` (target >= 0.8 on CPU). Peak memory (max RSS) of each is
+measured in a separate child process per side (RSS never shrinks within a process), as the peak
+RSS over the process's RSS after importing the libraries, while building the model and stepping.
+
+``--device cuda`` (a GPU machine): a ~0.5B-parameter Qwen2-shaped random model in bf16, and
+``trainer_mfu`` = model FLOPs per second (6 x parameters x tokens, plus attention) / the GPU's
+bf16 matmul rate measured first by this script.
+
+    python bench/trainer.py [--samples 16] [--seq-len 256] [--micro-batch-size 4] [--rounds 5]
+    python bench/trainer.py --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from agentrl.models import build_tiny_model
+from agentrl.rollout.sample import Sample, Status, Turn
+
+TEMPERATURE = 1.0
+GPU_CONFIG = {  # ~0.5B parameters, Qwen2.5-0.5B's shape
+    "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": 151936,
+    "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+    "num_attention_heads": 14, "num_key_value_heads": 2, "max_position_embeddings": 4096,
+    "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16", "hidden_act": "silu",
+}  # fmt: skip
+
+
+def make_samples(count: int, seq_len: int, vocab: int, prompt_len: int = 32) -> list[Sample]:
+    generator = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(count):
+        tokens = torch.randint(10, vocab, (seq_len,), generator=generator).tolist()
+        n = seq_len - prompt_len
+        out.append(Sample(group_id=i // 4, index=i % 4, tokens=tokens, response_length=n,
+                          loss_mask=[1] * n, rollout_log_probs=[-1.0] * n, reward=float(i % 2),
+                          status=Status.COMPLETED, turns=[Turn("assistant", 0, n)]))  # fmt: skip
+    return out
+
+
+def torch_step_fn(model_dir: Path, samples: list[Sample], micro: int, lr: float, device: str):
+    """The plain-torch step: returns a function doing one optimizer step over ``samples``."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
+    tokens = torch.tensor([s.tokens for s in samples], device=device)
+    rewards = torch.tensor([s.reward for s in samples], device=device)
+    groups = torch.tensor([s.group_id for s in samples], device=device)
+    mask = torch.zeros(tokens.shape[0], tokens.shape[1] - 1, device=device)
+    for row, s in enumerate(samples):
+        mask[row, s.prompt_length - 1 :] = 1.0
+
+    def step() -> None:
+        # GRPO advantages (the same formula, inline)
+        adv = torch.zeros_like(rewards)
+        for g in groups.unique():
+            r = rewards[groups == g]
+            adv[groups == g] = (r - r.mean()) / (r.std() + 1e-6)
+        optimizer.zero_grad(set_to_none=True)
+        denominator = mask.sum()
+        for start in range(0, tokens.shape[0], micro):
+            ids = tokens[start : start + micro]
+            logits = model(input_ids=ids).logits[:, :-1].float() / TEMPERATURE
+            logp = logits.log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
+            ratio = torch.exp(logp - logp.detach())
+            a = adv[start : start + micro, None]
+            pg = torch.maximum(-ratio * a, -ratio.clamp(0.8, 1.2) * a)
+            loss = (pg * mask[start : start + micro]).sum() / denominator
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+
+    return step
+
+
+def megatron_step_fn(model_dir: Path, samples: list[Sample], micro: int, lr: float):
+    from agentrl.trainer.actor import MegatronActor
+    from agentrl.trainer.config import TrainerConfig
+
+    actor = MegatronActor(TrainerConfig(lr=lr, micro_batch_size=micro, clip_grad=1.0),
+                          hf_checkpoint=model_dir, rollout_temperature=TEMPERATURE)  # fmt: skip
+    return lambda: actor.train(samples)
+
+
+def timed(fn) -> float:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def model_dir_for(args: argparse.Namespace) -> Path:
+    if args.device != "cuda":
+        return Path(args.model) if args.model else build_tiny_model()
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    folder = Path(tempfile.mkdtemp(prefix="agentrl-bench-"))
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(**GPU_CONFIG)).to(torch.bfloat16).save_pretrained(folder)
+    return folder
+
+
+def bf16_matmul_flops() -> float:
+    """The GPU's measured bf16 matmul rate (FLOP/s) on 8192^3."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    seconds = min(timed(lambda: a @ b) for _ in range(10))
+    return 2 * 8192**3 / seconds
+
+
+def child(args: argparse.Namespace) -> None:
+    """One side alone: its peak RSS while building the model and taking two steps, over the RSS
+    it had before (interpreter, torch and the libraries both sides import)."""
+    import threading
+
+    import psutil
+
+    process = psutil.Process()
+    model_dir = model_dir_for(args)
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    samples = make_samples(args.samples, args.seq_len, vocab)
+    import megatron.core  # noqa: F401 - both sides pay for the imports before the baseline
+    import transformers  # noqa: F401
+
+    base = peak = process.memory_info().rss
+    done = threading.Event()
+
+    def sample_rss() -> None:
+        nonlocal peak
+        while not done.wait(0.002):
+            peak = max(peak, process.memory_info().rss)
+
+    sampler = threading.Thread(target=sample_rss, daemon=True)
+    sampler.start()
+    fn = (megatron_step_fn(model_dir, samples, args.micro_batch_size, 1e-5) if args.child == "megatron"
+          else torch_step_fn(model_dir, samples, args.micro_batch_size, 1e-5, args.device))  # fmt: skip
+    for _ in range(2):
+        fn()
+    done.set()
+    sampler.join()
+    print(json.dumps({"peak_over_base_mib": (peak - base) / 2**20}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--micro-batch-size", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--model", default=None, help="HF model directory (default: tiny model)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--child", choices=["megatron", "torch"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args)
+
+    model_dir = model_dir_for(args)
+    config = json.loads((model_dir / "config.json").read_text())
+    samples = make_samples(args.samples, args.seq_len, config["vocab_size"])
+    tokens = args.samples * args.seq_len
+    megatron = megatron_step_fn(model_dir, samples, args.micro_batch_size, 1e-5)
+    plain = torch_step_fn(model_dir, samples, args.micro_batch_size, 1e-5, args.device)
+    megatron(), plain()  # warm-up
+    rates: dict[str, list[float]] = {"megatron": [], "torch": []}
+    for _ in range(args.rounds):
+        rates["megatron"].append(tokens / timed(megatron))
+        rates["torch"].append(tokens / timed(plain))
+        print(f"megatron {rates['megatron'][-1]:8.0f} tok/s   torch {rates['torch'][-1]:8.0f} tok/s")
+    median = {k: statistics.median(v) for k, v in rates.items()}
+    memory = {}
+    if args.device == "cpu":
+        for side in ("megatron", "torch"):
+            run = subprocess.run([sys.executable, __file__, "--child", side, "--samples",
+                                  str(args.samples), "--seq-len", str(args.seq_len),
+                                  "--micro-batch-size", str(args.micro_batch_size),
+                                  *(["--model", args.model] if args.model else [])],
+                                 capture_output=True, text=True, check=True)  # fmt: skip
+            memory[side] = json.loads(run.stdout.strip().splitlines()[-1])["peak_over_base_mib"]
+        print(f"peak memory over the libraries' baseline: megatron {memory['megatron']:.0f} MiB, "
+              f"torch {memory['torch']:.0f} MiB")
+        print(json.dumps({"name": "trainer_peak_mem_mib", "value": {k: round(v) for k, v in memory.items()}}))
+    if args.device == "cuda":
+        params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM
+                     .from_pretrained(model_dir).parameters())  # fmt: skip
+        layers, hidden, seq = config["num_hidden_layers"], config["hidden_size"], args.seq_len
+        flops_per_token = 6 * params + 12 * layers * hidden * seq
+        mfu = median["megatron"] * flops_per_token / bf16_matmul_flops()
+        print(json.dumps({"name": "trainer_mfu", "value": round(mfu, 3), "target": "report"}))
+    ratio = median["megatron"] / median["torch"]
+    print(json.dumps({"name": "trainer_vs_torch_tokens_per_s", "value": round(ratio, 3),
+                      "target": ">= 0.8"}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
