@@ -40,7 +40,10 @@ from agentrl.trainer.hf_convert import (
     read_hf_config,
     save_hf_checkpoint,
 )
-from agentrl.trainer.vocab_parallel import vocab_parallel_entropy, vocab_parallel_logprobs
+from agentrl.trainer.vocab_parallel import (
+    vocab_parallel_logprobs,
+    vocab_parallel_logprobs_and_entropy,
+)
 
 __all__ = ["MegatronActor"]
 
@@ -241,13 +244,12 @@ class MegatronActor:
             width = part.mask.shape[1]
             index = [rows[i] for i in micro]
             logits = self._forward(self.model, part)
-            logp = self._token_logprobs(logits, part).float().cpu() if self.device.type == "cpu" \
-                else self._token_logprobs(logits, part).float()  # fmt: skip
-            entropy = None
-            if c.entropy_coef:
-                entropy = vocab_parallel_entropy(logits[:, :-1], vocab_size=self.vocab_size,
-                                                 temperature=self.temperature,
-                                                 chunk_size=LOGPROB_CHUNK).float()  # fmt: skip
+            logp, entropy = vocab_parallel_logprobs_and_entropy(
+                logits[:, :-1], part.tokens[:, 1:].to(self.device), vocab_size=self.vocab_size,
+                temperature=self.temperature, chunk_size=LOGPROB_CHUNK,
+                entropy_grad=bool(c.entropy_coef),  # otherwise only a metric
+            )  # fmt: skip
+            logp, entropy = logp.float(), entropy.float()
             m = part.mask.to(logp.device)
             old_logp = (old[index, :width] if old is not None else logp.detach()).to(logp.device)
             weights = None

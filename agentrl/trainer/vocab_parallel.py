@@ -18,13 +18,19 @@ parallelism, logits up to :data:`FUSED_MAX_ELEMENTS` take torch's fused log-soft
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["FUSED_MAX_ELEMENTS", "vocab_parallel_entropy", "vocab_parallel_logprobs"]
+__all__ = [
+    "FUSED_MAX_ELEMENTS",
+    "vocab_parallel_entropy",
+    "vocab_parallel_logprobs",
+    "vocab_parallel_logprobs_and_entropy",
+]
 
 FUSED_MAX_ELEMENTS = 1 << 26
 """Without tensor parallelism, logits up to this many elements (256 MiB in fp32) go through
@@ -273,3 +279,33 @@ def vocab_parallel_entropy(
     return _VocabParallelEntropy.apply(
         logits_shard, float(temperature), chunk_size, int(vocab_size), group
     )
+
+
+def vocab_parallel_logprobs_and_entropy(
+    logits_shard: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    vocab_size: int,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    entropy_grad: bool = True,
+    group: Any = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both :func:`vocab_parallel_logprobs` and :func:`vocab_parallel_entropy`; on the fused
+    single-rank path from one log-softmax. ``entropy_grad=False`` returns a detached entropy
+    (a metric), which skips its backward."""
+    group = _default_tp_group() if group is None else group
+    if group is None and logits_shard.numel() <= FUSED_MAX_ELEMENTS:
+        _check_inputs(logits_shard, temperature, vocab_size, group)
+        logp_all = (logits_shard[..., :vocab_size].float() / temperature).log_softmax(-1)
+        logp = logp_all.gather(-1, targets[..., None].long())[..., 0]
+        source = logp_all if entropy_grad else logp_all.detach()
+        return logp, -(source.exp() * source).sum(-1)
+    logp = vocab_parallel_logprobs(logits_shard, targets, vocab_size=vocab_size,
+                                   temperature=temperature, chunk_size=chunk_size, group=group)
+    context = contextlib.nullcontext() if entropy_grad else torch.no_grad()
+    with context:
+        entropy = vocab_parallel_entropy(logits_shard, vocab_size=vocab_size,
+                                         temperature=temperature, chunk_size=chunk_size,
+                                         group=group)
+    return logp, entropy

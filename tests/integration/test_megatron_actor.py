@@ -164,21 +164,35 @@ def _tp2_worker(rank: int, port: int, data: str, out: str) -> None:
     before = a.logprobs(samples)
     metrics = a.train(samples)
     after = a.logprobs(samples)
-    torch.save({"before": before, "after": after, "metrics": metrics}, Path(out) / f"rank{rank}.pt")
+    # the TP=1 checkpoint (model, optimizer, schedule) resharded into this TP=2 actor
+    resumed = actor(tensor_model_parallel_size=2, lr=1e-4, micro_batch_size=4)
+    extra = resumed.load_checkpoint(Path(out) / "tp1-ckpt")
+    loaded = resumed.logprobs(samples)
+    next_metrics = resumed.train(samples)
+    torch.save({"before": before, "after": after, "metrics": metrics, "loaded": loaded,
+                "extra": extra, "step": resumed.step, "next": next_metrics},
+               Path(out) / f"rank{rank}.pt")  # fmt: skip
 
 
 def test_tensor_parallel_2_equals_1(samples, tmp_path):
     data = tmp_path / "samples.jsonl"
     data.write_text("".join(s.to_json() + "\n" for s in samples))
-    spawn(_tp2_worker, (free_port(), str(data), str(tmp_path)))
     single = actor(lr=1e-4, micro_batch_size=4)
     before = single.logprobs(samples)
     metrics = single.train(samples)
     after = single.logprobs(samples)
+    single.save_checkpoint(tmp_path / "tp1-ckpt", extra={"rollout_id": 3})
+    spawn(_tp2_worker, (free_port(), str(data), str(tmp_path)))
+    next_metrics = single.train(samples)
     for rank in (0, 1):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         assert torch.allclose(got["before"], before, atol=1e-5)
         for key in ("loss", "pg_loss", "ppo_kl", "grad_norm"):
             assert got["metrics"][key] == pytest.approx(metrics[key], abs=1e-5, rel=1e-5), key
         assert torch.allclose(got["after"], after, atol=1e-4)
+        # resharded checkpoint: same weights, step and optimizer state as the TP=1 run
+        assert got["extra"] == {"rollout_id": 3} and got["step"] == 2
+        assert torch.allclose(got["loaded"], after, atol=1e-5)
+        for key in ("loss", "grad_norm", "lr"):
+            assert got["next"][key] == pytest.approx(next_metrics[key], abs=1e-5, rel=1e-5), key
     json.dumps(metrics)  # metrics are plain floats, ready for a JSONL log
