@@ -1,4 +1,5 @@
-"""``MegatronActor``: the policy trained with megatron-core, one instance per rank.
+"""``MegatronActor``: the policy (and, for PPO, its critic) trained with megatron-core, one
+instance per rank.
 
 A rollout's samples come in; the actor computes the old, reference and (per step) current
 log-probs of every trained token through the vocab-parallel log-softmax at the rollout's
@@ -25,11 +26,12 @@ from typing import Any
 
 import torch
 
-from agentrl.algorithms import compute_advantages, kl_estimate, tis_weights, total_loss
+from agentrl.algorithms import compute_advantages, kl_estimate, tis_weights, total_loss, value_loss
 from agentrl.errors import ConfigError
 from agentrl.rollout.sample import Sample
 from agentrl.trainer.batch import TrainBatch, build_batch, micro_batches
 from agentrl.trainer.config import TrainerConfig
+from agentrl.trainer.critic import ValueModel
 from agentrl.trainer.distributed import init_model_parallel
 from agentrl.trainer.hf_convert import (
     build_gpt_model,
@@ -108,7 +110,13 @@ class MegatronActor:
             self.ref_model = self._build({})
             self.ref_model.load_state_dict(self.model.state_dict())
             self.ref_model.eval().requires_grad_(False)
-        self._setup_optimizer(total_steps)
+        self.ddp, self.optimizer, self.scheduler = self._optimizer_for(self.model, config.lr, total_steps)
+        self.critic = None
+        if config.advantage_estimator == "ppo":
+            self.critic = ValueModel(self.hf_config, params_dtype=self.params_dtype,
+                                     hf_checkpoint=self.hf_checkpoint, **overrides).to(self.device)
+            self.critic_ddp, self.critic_optimizer, self.critic_scheduler = self._optimizer_for(
+                self.critic, config.critic_lr or config.lr, total_steps)
         self.step = 0
 
     # -- model -----------------------------------------------------------------------------
@@ -120,34 +128,37 @@ class MegatronActor:
             load_hf_weights(model, self.hf_checkpoint)
         return model
 
-    def _setup_optimizer(self, total_steps: int | None) -> None:
+    def _optimizer_for(self, module: Any, lr: float, total_steps: int | None
+                       ) -> tuple[Any, Any, Any]:  # fmt: skip
+        """Megatron DDP, optimizer and learning-rate scheduler for ``module``."""
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
         c = self.config
         cuda = self.device.type == "cuda"
-        self.ddp = DistributedDataParallel(
-            self.model.config,
+        ddp = DistributedDataParallel(
+            module.config,
             DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=cuda),
-            self.model,
+            module,
         )
         optimizer_config = OptimizerConfig(
-            optimizer="adam", lr=c.lr, min_lr=c.min_lr, weight_decay=c.weight_decay,
+            optimizer="adam", lr=lr, min_lr=min(c.min_lr, lr), weight_decay=c.weight_decay,
             adam_beta1=c.adam_beta1, adam_beta2=c.adam_beta2, adam_eps=c.adam_eps,
             clip_grad=c.clip_grad, bf16=cuda, params_dtype=self.params_dtype,
             use_distributed_optimizer=cuda,
         )  # fmt: skip
-        self.optimizer = get_megatron_optimizer(optimizer_config, [self.ddp])
+        optimizer = get_megatron_optimizer(optimizer_config, [ddp])
         steps = max(1, total_steps or 1)
         decay = c.lr_decay_iters or steps
-        self.scheduler = OptimizerParamScheduler(
-            self.optimizer, init_lr=0.0 if c.lr_warmup_iters else c.lr, max_lr=c.lr,
-            min_lr=c.min_lr, lr_warmup_steps=c.lr_warmup_iters,
+        scheduler = OptimizerParamScheduler(
+            optimizer, init_lr=0.0 if c.lr_warmup_iters else lr, max_lr=lr,
+            min_lr=min(c.min_lr, lr), lr_warmup_steps=c.lr_warmup_iters,
             lr_decay_steps=max(decay, c.lr_warmup_iters + 1), lr_decay_style=c.lr_decay_style,
             start_wd=c.weight_decay, end_wd=c.weight_decay, wd_incr_steps=max(decay, 1),
             wd_incr_style="constant",
         )  # fmt: skip
+        return ddp, optimizer, scheduler
 
     def _forward(self, model: Any, batch: TrainBatch) -> torch.Tensor:
         """``[b, L, V / tp]`` logits shards (causal attention; right padding never attends)."""
@@ -184,6 +195,24 @@ class MegatronActor:
             out[rows, : logp.shape[1]] = logp * part.mask
         return out
 
+    @torch.no_grad()
+    def values(self, samples_or_batch: Sequence[Sample] | TrainBatch) -> torch.Tensor:
+        """The critic's values ``[B, L - 1]`` in the shifted layout, 0 where nothing is trained.
+
+        Raises:
+            ConfigError: There is no critic (``--advantage-estimator`` is not ``ppo``).
+        """
+        if self.critic is None:
+            raise ConfigError("no critic: it exists with --advantage-estimator ppo")
+        batch = self._as_batch(samples_or_batch)
+        self.critic.eval()
+        out = torch.zeros_like(batch.mask)
+        for rows in self._micro(batch):
+            part = batch.select(rows)
+            values = self.critic(part.tokens.to(self.device))[:, :-1].float().cpu()
+            out[rows, : values.shape[1]] = values * part.mask
+        return out
+
     # -- training --------------------------------------------------------------------------
 
     def train(self, samples: Sequence[Sample]) -> dict[str, float]:
@@ -209,15 +238,21 @@ class MegatronActor:
         old = self.logprobs(batch) if steps > 1 or c.use_tis or c.kl_coef else None
         ref = self.logprobs(batch, reference=True) if self.ref_model is not None else None
         kl = kl_estimate(old, ref, "k1") * batch.mask if c.kl_coef and old is not None else None
-        advantages = compute_advantages(
-            c.advantage_estimator, batch.rewards, batch.groups, batch.mask, kl=kl,
-            kl_coef=c.kl_coef, gamma=c.gamma, lam=c.lambd,
+        values = self.values(batch) if self.critic is not None else None
+        estimate = compute_advantages(
+            c.advantage_estimator, batch.rewards, batch.groups, batch.mask, values=values,
+            kl=kl, kl_coef=c.kl_coef, gamma=c.gamma, lam=c.lambd,
             std_normalize=not c.disable_grpo_std_normalization,
-        ).advantages  # fmt: skip
+        )  # fmt: skip
+        advantages = estimate.advantages
         history: list[dict[str, float]] = []
         for step in range(steps):
             rows = list(range(step * step_size, (step + 1) * step_size))
-            history.append(self._step(batch, rows, advantages, old, ref))
+            metrics = self._step(batch, rows, advantages, old, ref)
+            if self.critic is not None:
+                assert values is not None and estimate.returns is not None
+                metrics.update(self._critic_step(batch, rows, values, estimate.returns))
+            history.append(metrics)
         metrics = {k: sum(h[k] for h in history) / len(history) for k in history[0]}
         elapsed = time.perf_counter() - started
         metrics["train_tokens_per_s"] = float(batch.lengths.sum().item()) * steps / max(elapsed, 1e-9)
@@ -282,6 +317,41 @@ class MegatronActor:
         sums["logprob_abs_diff"] = logprob_diff / tokens
         return sums
 
+    def _critic_step(self, batch: TrainBatch, rows: list[int], old_values: torch.Tensor,
+                     returns: torch.Tensor) -> dict[str, float]:  # fmt: skip
+        """One critic step over ``rows``: the clipped value loss against the GAE returns."""
+        from megatron.core.distributed import finalize_model_grads
+
+        c = self.config
+        assert self.critic is not None
+        step_batch = batch.select(rows)
+        denominator = self._denominator(step_batch.mask)
+        self.critic.train()
+        self.critic_ddp.zero_grad_buffer()
+        self.critic_optimizer.zero_grad()
+        sums: dict[str, float] = {}
+        for micro in self._micro(step_batch):
+            part = step_batch.select(micro)
+            width = part.mask.shape[1]
+            index = [rows[i] for i in micro]
+            predicted = self.critic(part.tokens.to(self.device))[:, :-1].float()
+            m = part.mask.to(predicted.device)
+            loss, parts = value_loss(
+                predicted, old_values[index, :width].to(predicted.device),
+                returns[index, :width].to(predicted.device), m, value_clip=c.value_clip,
+                aggregation=c.loss_aggregation, denominator=denominator,
+            )  # fmt: skip
+            loss.backward()
+            for key, value in parts.items():
+                sums[key] = sums.get(key, 0.0) + float(value)
+        finalize_model_grads([self.critic_ddp])
+        success, grad_norm, _ = self.critic_optimizer.step()
+        if not success:
+            raise RuntimeError("the critic's optimizer step was skipped (non-finite gradients)")
+        self.critic_scheduler.step(increment=1)
+        sums["critic_grad_norm"] = float(grad_norm) if grad_norm is not None else math.nan
+        return sums
+
     def _denominator(self, mask: torch.Tensor) -> float:
         if self.config.loss_aggregation == "token_mean":
             return max(float(mask.sum()), 1.0)
@@ -326,6 +396,11 @@ class MegatronActor:
             "rng": torch.get_rng_state(),
             "extra": dict(extra or {}),
         }
+        if self.critic is not None:
+            critic_state = self.critic.sharded_state_dict(prefix="critic.")
+            state["critic"] = critic_state
+            state["critic_optimizer"] = self.critic_optimizer.sharded_state_dict(critic_state)
+            state["critic_scheduler"] = self.critic_scheduler.state_dict()
         dist_checkpointing.save(state, str(directory))
 
     def load_checkpoint(self, directory: str | Path) -> dict[str, Any]:
@@ -337,7 +412,18 @@ class MegatronActor:
             "model": model_state,
             "optimizer": self.optimizer.sharded_state_dict(model_state, is_loading=True),
         }
+        if self.critic is not None:
+            critic_state = self.critic.sharded_state_dict(prefix="critic.")
+            template["critic"] = critic_state
+            template["critic_optimizer"] = self.critic_optimizer.sharded_state_dict(
+                critic_state, is_loading=True)
         state = dist_checkpointing.load(template, str(directory))
+        if self.critic is not None:
+            # its keys carry the prefix that keeps them apart from the policy's in the checkpoint
+            self.critic.load_state_dict({k.removeprefix("critic."): v
+                                         for k, v in state["critic"].items()})  # fmt: skip
+            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+            self.critic_scheduler.load_state_dict(state["critic_scheduler"])
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

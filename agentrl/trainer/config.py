@@ -62,6 +62,7 @@ class TrainerConfig:
     gamma: float = option(1.0, "discount (ppo, reinforce_plus_plus)")
     lambd: float = option(1.0, "GAE lambda (ppo)")
     value_clip: float = option(0.2, "PPO value clip")
+    critic_lr: float | None = option(None, "PPO critic learning rate (default: --lr)")
     use_tis: bool = option(False, "truncated importance sampling against rollout log-probs")
     tis_clip_low: float = option(0.0, "TIS weight floor")
     tis_clip: float = option(2.0, "TIS weight cap")

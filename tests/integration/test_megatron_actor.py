@@ -196,3 +196,25 @@ def test_tensor_parallel_2_equals_1(samples, tmp_path):
         for key in ("loss", "grad_norm", "lr"):
             assert got["next"][key] == pytest.approx(next_metrics[key], abs=1e-5, rel=1e-5), key
     json.dumps(metrics)  # metrics are plain floats, ready for a JSONL log
+
+
+def test_ppo_trains_a_critic_towards_the_returns(samples, tmp_path):
+    a = actor(advantage_estimator="ppo", critic_lr=1e-3)
+    assert torch.all(a.values(samples) == 0)  # a zero head: GAE starts from the plain reward
+    losses = [a.train(samples)["value_loss"] for _ in range(6)]
+    assert losses[0] == pytest.approx(0.25, abs=1e-6)  # 0.5 * mean((0 - r)^2), r in {0, 1}
+    assert losses[-1] < losses[0] * 0.6, losses
+    # the values moved from 0 to near the mean return (the rewards here are arbitrary labels, so
+    # the mean is what a critic can learn about them)
+    values = a.values(samples)
+    mask = torch.zeros_like(values)
+    for row, s in enumerate(samples):
+        start = s.prompt_length - 1
+        mask[row, start : start + s.response_length] = torch.tensor(s.loss_mask, dtype=torch.float32)
+    mean_return = sum(s.reward for s in samples) / len(samples)
+    assert abs(float((values * mask).sum() / mask.sum()) - mean_return) < 0.25
+    a.save_checkpoint(tmp_path / "ppo")
+    b = actor(advantage_estimator="ppo", critic_lr=1e-3)
+    b.load_checkpoint(tmp_path / "ppo")
+    assert torch.allclose(b.values(samples), values, atol=1e-6)
+    assert b.train(samples)["value_loss"] == pytest.approx(a.train(samples)["value_loss"], rel=1e-5)
