@@ -140,13 +140,7 @@ async def evaluate(
     if n_samples < 1 or concurrency < 1:
         raise AgentRLError("--n-samples and --concurrency must be >= 1")
     policy_fn = scripted_policy(policy)
-    probe = make_env(env_id, **dict(env_kwargs or {}))
-    spec_id = probe.env_id or env_id
-    try:
-        tasks: list[Mapping[str, Any] | None] = list(probe.task_set(split, limit))
-    except AgentRLError:
-        tasks = [None] * (limit or 100)
-    probe.close()
+    spec_id, tasks = _tasks(env_id, split, limit, env_kwargs)
     jobs: asyncio.Queue[tuple[int, Mapping[str, Any] | None, int]] = asyncio.Queue()
     for index, task in enumerate(tasks):
         for sample in range(n_samples):
@@ -199,13 +193,7 @@ async def evaluate_model(
         rollout_concurrency=concurrency, tool_call_format=tool_call_format,
     )  # fmt: skip
     config.validate()
-    probe = make_env(env_id, **dict(env_kwargs or {}))
-    spec_id = probe.env_id or env_id
-    try:
-        tasks: list[Mapping[str, Any] | None] = list(probe.task_set(split, limit))
-    except AgentRLError:
-        tasks = [None] * (limit or 100)
-    probe.close()
+    spec_id, tasks = _tasks(env_id, split, limit, env_kwargs)
     engine = load_policy_engine(config)
     try:
         ctx = make_rollout_context(config, engine, engine.tokenizer, env_kwargs=env_kwargs)
@@ -250,6 +238,20 @@ def _record(sample: Any, history: list[dict[str, Any]], total_s: float) -> Episo
         messages=[*history, {"role": "assistant", "content": sample.response}]
         if meta.get("finish") == "env" else list(history),
     )  # fmt: skip
+
+
+def _tasks(env_id: str, split: str, limit: int | None, env_kwargs: Mapping[str, Any] | None
+           ) -> tuple[str, list[Mapping[str, Any] | None]]:  # fmt: skip
+    """The env's registry id and the tasks of ``split``; ``None`` per task (a seed) for envs
+    without a task set (``limit`` of them, default 100)."""
+    probe = make_env(env_id, **dict(env_kwargs or {}))
+    spec_id = probe.env_id or env_id
+    try:
+        tasks: list[Mapping[str, Any] | None] = list(probe.task_set(split, limit))
+    except AgentRLError:
+        tasks = [None] * (limit or 100)
+    probe.close()
+    return spec_id, tasks
 
 
 def summarize(

@@ -1,24 +1,8 @@
 """Custom generate functions (``--custom-generate-function-path``) and their helpers.
 
-The brief's form runs as written once the helpers are imported::
-
-    from agentrl.rollout.custom import compute_reward, execute_tool, extract_tool_call, generate_single
-
-    async def custom_generate(args, samples, evaluation=False):
-        for sample in samples:
-            conversation = sample.prompt
-            for turn in range(args.max_turns):
-                response = await generate_single(conversation)
-                tool_call = extract_tool_call(response)
-                if tool_call:
-                    tool_result = execute_tool(tool_call)
-                    conversation.append({"role": "assistant", "content": response})
-                    conversation.append({"role": "tool", "content": tool_result})
-                else:
-                    break
-            sample.response = response
-            sample.reward = compute_reward(sample)
-        return samples
+The brief's multi-turn loop runs as written once the helpers are imported, with
+``from agentrl.rollout.custom import compute_reward, execute_tool, extract_tool_call,
+generate_single`` (``examples/custom_generate.py`` is that loop, verbatim).
 
 The tokens stay exact although the loop only handles text: ``generate_single(conversation)``
 finds the sample whose ``prompt`` *is* ``conversation`` (the same list object; pass
@@ -29,8 +13,9 @@ never re-tokenized.
 
 Each call of ``custom_generate`` runs in a worker thread with its own event loop, so the sync
 helpers (``execute_tool``, ``compute_reward``, as the brief calls them) block only that call,
-never the rollout. The env (``--env``) gives the tools and the reward; it is reset with the
-sample's task on first use and closed when the call returns.
+never the rollout. The env (``--env``) gives the tools and the reward: one per sample, reset
+with the sample's task before the call (its first observation is the prompt when the sample has
+none) and closed when the call returns.
 """
 
 from __future__ import annotations

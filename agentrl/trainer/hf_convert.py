@@ -59,6 +59,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from agentrl.errors import AgentRLError, ConfigError
+from agentrl.models.hf_config import rope_theta
 from agentrl.trainer.megatron_compat import apply_cpu_compat
 from agentrl.trainer.vocab_parallel import vocab_parallel_entropy, vocab_parallel_logprobs
 
@@ -189,31 +190,13 @@ class HFModelSpec:
             num_kv_heads=int(raw.get("num_key_value_heads") or heads),
             head_dim=int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_theta=_rope_theta(raw),
+            rope_theta=rope_theta(raw, ConfigError),
             max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=model_type == "qwen2",
             qk_norm=model_type == "qwen3",
             initializer_range=float(raw.get("initializer_range", 0.02)),
         )
-
-
-def _rope_theta(raw: Mapping[str, Any]) -> float:
-    """The rotary base, refusing any rotary scaling (transformers 4 and 5 config layouts)."""
-    params = raw.get("rope_parameters")
-    if isinstance(params, Mapping):  # transformers >= 5
-        kind = params.get("rope_type", params.get("type", "default"))
-        if kind not in (None, "default"):
-            raise ConfigError(f"config field 'rope_parameters.rope_type' is {kind!r}; only the "
-                              "default rotary embedding is supported")  # fmt: skip
-        return float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
-    scaling = raw.get("rope_scaling")
-    if scaling:
-        kind = scaling.get("rope_type", scaling.get("type"))
-        if kind not in (None, "default"):
-            raise ConfigError(f"config field 'rope_scaling' has type {kind!r}; only the "
-                              "default rotary embedding is supported")  # fmt: skip
-    return float(raw.get("rope_theta", 10000.0))
 
 
 def read_hf_config(source: Mapping[str, Any] | str | Path | Any) -> dict[str, Any]:

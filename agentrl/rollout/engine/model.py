@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from agentrl.errors import EngineError
+from agentrl.models.hf_config import rope_theta
 
 __all__ = ["DecoderConfig", "DecoderModel", "KVCache", "read_checkpoint"]
 
@@ -121,7 +122,7 @@ class DecoderConfig:
             num_kv_heads=int(raw.get("num_key_value_heads") or heads),
             head_dim=int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_theta=_rope_theta(raw),
+            rope_theta=rope_theta(raw, EngineError),
             max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=is_qwen2 or attention_bias,
@@ -130,24 +131,6 @@ class DecoderConfig:
             dtype=_config_dtype(raw),
             eos_token_ids=_as_ids(raw.get("eos_token_id")),
         )
-
-
-def _rope_theta(raw: Mapping[str, Any]) -> float:
-    """The rotary base, refusing any rotary scaling (transformers 4 and 5 config layouts)."""
-    params = raw.get("rope_parameters")
-    if isinstance(params, Mapping):  # transformers >= 5
-        kind = params.get("rope_type", params.get("type", "default"))
-        if kind not in (None, "default"):
-            raise EngineError(f"config field 'rope_parameters.rope_type' is {kind!r}; only the "
-                              "default rotary embedding is supported")  # fmt: skip
-        return float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
-    scaling = raw.get("rope_scaling")
-    if scaling:
-        kind = scaling.get("rope_type", scaling.get("type"))
-        if kind not in (None, "default"):
-            raise EngineError(f"config field 'rope_scaling' has type {kind!r}; only the "
-                              "default rotary embedding is supported")  # fmt: skip
-    return float(raw.get("rope_theta", 10000.0))
 
 
 def _config_dtype(raw: Mapping[str, Any]) -> torch.dtype:
