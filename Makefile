@@ -27,8 +27,11 @@ $(STAMP): pyproject.toml setup.py
 system: setup
 	scripts/setup-system.sh
 
+# The main job on the embedded default: the built-in tiny model, the embedded engine and a
+# single-rank Megatron actor on CPU, playing calc episodes (a few minutes on 2 cores).
 demo: setup
-	$(PY) examples/calc_episode.py --episodes 2
+	$(PY) train.py --env calc --num-rollout 3 --rollout-batch-size 4 --n-samples-per-prompt 4 \
+		--max-turns 3 --rollout-max-response-len 32 --output-dir runs/demo
 
 test: setup system
 	$(PY) -m pytest

@@ -1,0 +1,98 @@
+"""agentrl's training loop: rollout -> advantages -> Megatron step -> weight sync, repeated.
+
+    python train.py --env calc --max-turns 3 --num-rollout 3
+    python train.py --custom-generate-function-path examples/custom_generate.py --env calc \
+        --prompt-data tasks.jsonl --max-turns 5
+
+Every flag (``python train.py --help``) belongs to one typed config: ``RolloutConfig``
+(agentrl.rollout), ``TrainerConfig`` (agentrl.trainer) or ``RunConfig`` (agentrl.orchestration).
+This runs everything in one process: the embedded engine and a single-rank Megatron actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from agentrl.errors import AgentRLError
+from agentrl.orchestration.run import (
+    RunLog,
+    checkpoint_folder,
+    latest_checkpoint,
+    mark_latest,
+    parse_args,
+)
+from agentrl.rollout import (
+    RolloutRunner,
+    load_data_source,
+    load_policy_engine,
+    make_rollout_context,
+    run_evaluation,
+)
+from agentrl.rollout.evaluation import write_eval_results
+
+
+async def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    rollout, trainer, run = args.rollout, args.trainer, args.run
+    steps = trainer.num_steps_per_rollout
+    log = RunLog(run.output_dir)
+
+    # the policy, served for rollouts, and the data it plays
+    engine = load_policy_engine(rollout, max_batch_size=rollout.rollout_concurrency)
+    ctx = make_rollout_context(rollout, engine, engine.tokenizer)
+    data = load_data_source(rollout)
+    runner = RolloutRunner.from_args(ctx, data)
+
+    # the same weights, trained with Megatron
+    from agentrl.models import build_tiny_model
+    from agentrl.trainer.actor import MegatronActor
+
+    checkpoint = rollout.hf_checkpoint or build_tiny_model()
+    actor = MegatronActor(trainer, hf_checkpoint=checkpoint,
+                          rollout_temperature=rollout.rollout_temperature,
+                          total_steps=run.num_rollout * steps,
+                          pad_id=engine.tokenizer.pad_token_id or 0)  # fmt: skip
+    start = 0
+    if trainer.load:
+        folder = latest_checkpoint(trainer.load)
+        start = int(actor.load_checkpoint(folder).get("next_rollout", 0))
+        data.load(folder / "data.json")
+        await engine.update_weights(state_dict=actor.hf_state_dict(), version=str(start))
+        print(f"resumed from {folder} at rollout {start}")
+
+    for rollout_id in range(start, run.num_rollout):
+        if run.eval_interval and rollout_id % run.eval_interval == 0 and _has_eval(rollout):
+            write_eval_results(log.eval_path, await run_evaluation(ctx, rollout_id))
+        batch = await runner.generate(rollout_id)
+        train_metrics = actor.train(batch.samples)
+        if (rollout_id + 1) % run.update_weights_interval == 0:
+            await engine.update_weights(state_dict=actor.hf_state_dict(), version=str(rollout_id + 1))
+        log.metrics(rollout_id, {**batch.metrics, **{f"train/{k}": v for k, v in train_metrics.items()}})
+        if run.save_trajectories:
+            log.samples(rollout_id, batch.samples)
+        if trainer.save and trainer.save_interval and (rollout_id + 1) % trainer.save_interval == 0:
+            folder = checkpoint_folder(trainer.save, rollout_id + 1)
+            actor.save_checkpoint(folder, extra={"next_rollout": rollout_id + 1})
+            data.save(folder / "data.json")
+            mark_latest(trainer.save, folder)
+        if trainer.save_hf and trainer.save_interval and (rollout_id + 1) % trainer.save_interval == 0:
+            actor.save_hf(f"{trainer.save_hf}/rollout_{rollout_id + 1:05d}", tokenizer_dir=checkpoint)
+
+    if run.eval_interval and _has_eval(rollout):
+        write_eval_results(log.eval_path, await run_evaluation(ctx, run.num_rollout))
+    await runner.close()
+    await engine.close()
+    print(f"done: metrics {log.metrics_path}, trajectories {log.trajectories}"
+          + (f", checkpoints {trainer.save}" if trainer.save else ""))
+
+
+def _has_eval(rollout) -> bool:
+    return bool(rollout.eval_prompt_data or rollout.eval_env)
+
+
+if __name__ == "__main__":
+    try:
+        asyncio.run(main(sys.argv[1:]))
+    except AgentRLError as exc:  # a user-facing problem (config, data, plug-in): say it plainly
+        sys.exit(f"train.py: error: {exc}")
