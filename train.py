@@ -36,7 +36,7 @@ async def main(argv: list[str]) -> None:
     args = parse_args(argv)
     rollout, trainer, run = args.rollout, args.trainer, args.run
     steps = trainer.num_steps_per_rollout
-    log = RunLog(run.output_dir)
+    log = RunLog(run.output_dir, dead_run_rollouts=run.dead_run_rollouts)
 
     # the policy, served for rollouts, and the data it plays
     engine = load_policy_engine(rollout, max_batch_size=rollout.rollout_concurrency)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,9 +30,11 @@ class RunConfig:
     eval_interval: int | None = option(None, "evaluate every N rollouts (and before the first)")
     output_dir: str = option("runs/latest", "where metrics, trajectories and checkpoints go")
     save_trajectories: bool = option(True, "write each rollout's samples as JSONL")
+    dead_run_rollouts: int = option(3, "warn when every group had zero reward variance for this "
+                                    "many rollouts in a row (nothing is being learned)")
 
     def validate(self) -> None:
-        for name in ("num_rollout", "update_weights_interval", "eval_interval"):
+        for name in ("num_rollout", "update_weights_interval", "eval_interval", "dead_run_rollouts"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{flag(name)} must be >= 1, got {value}")
@@ -69,7 +72,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Args:
 class RunLog:
     """Appends metrics, eval results and trajectories as JSONL under ``output_dir``."""
 
-    def __init__(self, output_dir: str | Path) -> None:
+    def __init__(self, output_dir: str | Path, dead_run_rollouts: int = 3) -> None:
+        self.dead_run_rollouts = dead_run_rollouts
+        self.flat_rollouts = 0
         self.root = Path(output_dir)
         self.root.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.root / "metrics.jsonl"
@@ -78,6 +83,17 @@ class RunLog:
         self.started = time.perf_counter()
 
     def metrics(self, rollout_id: int, values: dict[str, Any]) -> None:
+        groups = values.get("rollout/groups", 0)
+        flat = groups > 0 and values.get("rollout/zero_std_groups", 0) == groups
+        self.flat_rollouts = self.flat_rollouts + 1 if flat else 0
+        values = {**values, "run/flat_rollouts_in_a_row": self.flat_rollouts}
+        if self.flat_rollouts >= self.dead_run_rollouts:
+            print(f"WARNING: dead run: in the last {self.flat_rollouts} rollouts every group's "
+                  "samples got the same reward, so every advantage is 0 and nothing is learned. "
+                  "Warm-start the model (it never succeeds or always does), raise "
+                  "--n-samples-per-prompt or --rollout-temperature, or use a dynamic-sampling "
+                  "filter (--dynamic-sampling-filter-path agentrl.rollout.filters:reward_std_positive).",
+                  file=sys.stderr, flush=True)  # fmt: skip
         record = {"rollout_id": rollout_id, "elapsed_s": round(time.perf_counter() - self.started, 3),
                   **values}  # fmt: skip
         with self.metrics_path.open("a") as f:

@@ -20,7 +20,7 @@ def train(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def test_train_runs_saves_and_resumes(tmp_path):
     out, ckpt = tmp_path / "run", tmp_path / "ckpt"
-    first = train(*TINY_RUN, "--num-rollout", "2", "--output-dir", str(out), "--save", str(ckpt),
+    first = train(*TINY_RUN, "--num-rollout", "2", "--dead-run-rollouts", "2", "--output-dir", str(out), "--save", str(ckpt),
                   "--save-interval", "1", "--eval-env", "calc", "--eval-interval", "2",
                   "--eval-max-prompts", "2", cwd=tmp_path)  # fmt: skip
     assert first.returncode == 0, first.stderr[-3000:]
@@ -36,6 +36,8 @@ def test_train_runs_saves_and_resumes(tmp_path):
     resumed = train(*TINY_RUN, "--num-rollout", "3", "--output-dir", str(out), "--load", str(ckpt),
                     cwd=tmp_path)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # the random-init model never solves calc: every group is flat, which is said loudly
+    assert "WARNING: dead run" in first.stderr + resumed.stderr
     assert "resumed from" in resumed.stdout and "rollout 2" in resumed.stdout
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["rollout_id"] for m in metrics] == [0, 1, 2]
