@@ -29,6 +29,7 @@ from agentrl.rollout import (
     make_rollout_context,
     run_evaluation,
 )
+from agentrl.rollout.demonstrations import DemoBatch, demonstrations
 from agentrl.rollout.evaluation import write_eval_results
 
 
@@ -64,7 +65,11 @@ async def main(argv: list[str]) -> None:
     for rollout_id in range(start, run.num_rollout):
         if run.eval_interval and rollout_id % run.eval_interval == 0 and _has_eval(rollout):
             write_eval_results(log.eval_path, await run_evaluation(ctx, rollout_id))
-        batch = await runner.generate(rollout_id)
+        if trainer.loss_type == "sft_loss":  # a supervised warm start on demonstrations
+            groups = data.get_samples(rollout.rollout_batch_size)
+            batch = DemoBatch(await demonstrations(ctx, groups))
+        else:
+            batch = await runner.generate(rollout_id)
         train_metrics = actor.train(batch.samples)
         if (rollout_id + 1) % run.update_weights_interval == 0:
             await engine.update_weights(state_dict=actor.hf_state_dict(), version=str(rollout_id + 1))

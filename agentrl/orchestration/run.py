@@ -110,7 +110,7 @@ class RunLog:
 
 
 SHOWN = ("rollout_id", "elapsed_s", "rollout/reward_mean", "rollout/completed", "rollout/truncated",
-         "rollout/failed", "rollout/turns_mean", "rollout/zero_std_groups", "train/loss",
+         "rollout/failed", "rollout/turns_mean", "rollout/zero_std_groups", "train/loss", "train/sft_loss",
          "train/kl_loss", "train/entropy", "train/grad_norm", "train/train_tokens_per_s")  # fmt: skip
 
 

@@ -60,21 +60,30 @@ class Trajectory:
         params = sampling.replace(max_new_tokens=min(sampling.max_new_tokens, budget))
         started = time.perf_counter()
         out = await engine.generate(list(self.sample.tokens), params, rid=rid)
-        elapsed = time.perf_counter() - started
-        self._append(out.output_ids, out.output_logprobs, mask=1)
+        self.append_assistant(out.output_ids, out.output_logprobs, finish_reason=out.finish_reason,
+                              generate_s=time.perf_counter() - started,
+                              weight_version=out.weight_version)  # fmt: skip
+        return out
+
+    def append_assistant(
+        self, ids: Sequence[int], logprobs: Sequence[float], *, finish_reason: str = "stop",
+        generate_s: float = 0.0, weight_version: str | None = None,
+    ) -> None:  # fmt: skip
+        """Appends an assistant turn (loss mask 1): the engine's ids, or a demonstration's."""
+        self._append(ids, logprobs, mask=1)
         turns = self.sample.turns
-        span_start = self.sample.response_length - len(out.output_ids)
+        span_start = self.sample.response_length - len(ids)
         if turns and turns[-1].role == "assistant" and turns[-1].finish_reason == "abort":
             turns[-1].end = self.sample.response_length  # an aborted turn resumed
-            turns[-1].finish_reason = out.finish_reason
-            turns[-1].generate_s += elapsed
+            turns[-1].finish_reason = finish_reason
+            turns[-1].generate_s += generate_s
         else:
             turns.append(Turn("assistant", span_start, self.sample.response_length,
-                              finish_reason=out.finish_reason, generate_s=elapsed))  # fmt: skip
-        self.sample.weight_version = out.weight_version
-        if not self.weight_versions or self.weight_versions[-1] != out.weight_version:
-            self.weight_versions.append(out.weight_version)
-        return out
+                              finish_reason=finish_reason, generate_s=generate_s))  # fmt: skip
+        if weight_version is not None:
+            self.sample.weight_version = weight_version
+            if not self.weight_versions or self.weight_versions[-1] != weight_version:
+                self.weight_versions.append(weight_version)
 
     def last_turn_ids(self) -> list[int]:
         """The ids of the last assistant turn."""

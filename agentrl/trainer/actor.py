@@ -26,7 +26,14 @@ from typing import Any
 
 import torch
 
-from agentrl.algorithms import compute_advantages, kl_estimate, tis_weights, total_loss, value_loss
+from agentrl.algorithms import (
+    aggregate,
+    compute_advantages,
+    kl_estimate,
+    tis_weights,
+    total_loss,
+    value_loss,
+)
 from agentrl.errors import ConfigError
 from agentrl.rollout.sample import Sample
 from agentrl.trainer.batch import TrainBatch, build_batch, micro_batches
@@ -235,6 +242,13 @@ class MegatronActor:
             raise ConfigError(
                 f"the rollout has {len(batch.samples)} samples but --global-batch-size x "
                 f"--num-steps-per-rollout = {step_size} x {steps}: check the batch equation")
+        if c.loss_type == "sft_loss":
+            history = [self._sft_step(batch, list(range(i * step_size, (i + 1) * step_size)))
+                       for i in range(steps)]  # fmt: skip
+            metrics = {k: sum(h[k] for h in history) / len(history) for k in history[0]}
+            elapsed = time.perf_counter() - started
+            metrics["train_tokens_per_s"] = float(batch.lengths.sum()) * steps / max(elapsed, 1e-9)
+            return metrics
         old = self.logprobs(batch) if steps > 1 or c.use_tis or c.kl_coef else None
         ref = self.logprobs(batch, reference=True) if self.ref_model is not None else None
         kl = kl_estimate(old, ref, "k1") * batch.mask if c.kl_coef and old is not None else None
@@ -316,6 +330,37 @@ class MegatronActor:
         sums["lr"] = float(self.optimizer.param_groups[0]["lr"])
         sums["logprob_abs_diff"] = logprob_diff / tokens
         return sums
+
+    def _sft_step(self, batch: TrainBatch, rows: list[int]) -> dict[str, float]:
+        """One supervised step: the negative log-likelihood of the mask-1 (assistant) tokens, at
+        temperature 1, aggregated as ``--loss-aggregation`` says."""
+        from megatron.core.distributed import finalize_model_grads
+
+        c = self.config
+        step_batch = batch.select(rows)
+        denominator = self._denominator(step_batch.mask)
+        self.model.train()
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        total = 0.0
+        for micro in self._micro(step_batch):
+            part = step_batch.select(micro)
+            logits = self._forward(self.model, part)
+            logp = vocab_parallel_logprobs(logits[:, :-1], part.tokens[:, 1:].to(self.device),
+                                           vocab_size=self.vocab_size, temperature=1.0,
+                                           chunk_size=LOGPROB_CHUNK).float()  # fmt: skip
+            loss = -aggregate(logp, part.mask.to(logp.device), c.loss_aggregation,
+                              denominator=denominator)  # fmt: skip
+            loss.backward()
+            total += float(loss.detach())
+        finalize_model_grads([self.ddp])
+        success, grad_norm, _ = self.optimizer.step()
+        if not success:
+            raise RuntimeError("the optimizer step was skipped (non-finite gradients)")
+        self.scheduler.step(increment=1)
+        self.step += 1
+        return {"sft_loss": total, "grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
+                "lr": float(self.optimizer.param_groups[0]["lr"])}  # fmt: skip
 
     def _critic_step(self, batch: TrainBatch, rows: list[int], old_values: torch.Tensor,
                      returns: torch.Tensor) -> dict[str, float]:  # fmt: skip

@@ -48,6 +48,8 @@ class TrainerConfig:
     clip_grad: float = option(1.0, "gradient-norm clip (0: off)")
     seed: int = option(1234, "trainer random seed")
     # algorithm
+    loss_type: str = option("policy_loss", "policy_loss (RL) | sft_loss (supervised warm start "
+                            "on demonstrations: assistant tokens only)")
     advantage_estimator: str = option("grpo", "grpo | gspo | ppo | reinforce_plus_plus | "
                                       "reinforce_plus_plus_baseline")
     disable_grpo_std_normalization: bool = option(False, "GRPO: r - mean, no division by std")
@@ -79,6 +81,7 @@ class TrainerConfig:
         checks = {
             "advantage_estimator": ESTIMATORS, "kl_loss_type": KL_KINDS,
             "loss_aggregation": AGGREGATIONS, "lr_decay_style": ("constant", "linear", "cosine"),
+            "loss_type": ("policy_loss", "sft_loss"),
         }  # fmt: skip
         for name, choices in checks.items():
             if getattr(self, name) not in choices:

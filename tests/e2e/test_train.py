@@ -50,3 +50,18 @@ def test_bad_flags_name_the_flag(tmp_path):
     assert bad.returncode == 2 and "--rollout-batch-size must be >= 1" in bad.stderr
     bad = train("--env", "calc", "--load", str(tmp_path / "nothing"), cwd=tmp_path)
     assert bad.returncode == 2 and "--load" in bad.stderr and "no checkpoint there" in bad.stderr
+
+
+def test_sft_warm_start_then_rl_from_its_export(tmp_path):
+    sft = train("--env", "calc", "--loss-type", "sft_loss", "--num-rollout", "2",
+                "--rollout-batch-size", "4", "--lr", "1e-3", "--save-hf", str(tmp_path / "hf"),
+                "--save-interval", "2", "--output-dir", str(tmp_path / "sft"), cwd=tmp_path)  # fmt: skip
+    assert sft.returncode == 0, sft.stderr[-3000:]
+    metrics = [json.loads(line) for line in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[1]["train/sft_loss"] < metrics[0]["train/sft_loss"]
+    assert metrics[0]["rollout/reward_mean"] == 1.0  # the oracle's demonstrations all succeed
+    exported = tmp_path / "hf" / "rollout_00002"
+    assert (exported / "config.json").is_file() and (exported / "tokenizer.json").is_file()
+    rl = train(*TINY_RUN, "--num-rollout", "1", "--hf-checkpoint", str(exported),
+               "--output-dir", str(tmp_path / "rl"), cwd=tmp_path)  # fmt: skip
+    assert rl.returncode == 0, rl.stderr[-3000:]

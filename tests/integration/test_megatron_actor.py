@@ -218,3 +218,20 @@ def test_ppo_trains_a_critic_towards_the_returns(samples, tmp_path):
     b.load_checkpoint(tmp_path / "ppo")
     assert torch.allclose(b.values(samples), values, atol=1e-6)
     assert b.train(samples)["value_loss"] == pytest.approx(a.train(samples)["value_loss"], rel=1e-5)
+
+
+def test_sft_loss_learns_the_demonstrations():
+    from transformers import AutoTokenizer
+
+    from agentrl.rollout.demonstrations import conversation_sample
+    from tests.unit.test_demonstrations import CONVERSATION
+
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(str(build_tiny_model())))
+    demos = [conversation_sample(renderer, CONVERSATION, group_id=i) for i in range(4)]
+    a = MegatronActor(TrainerConfig(lr=1e-3, loss_type="sft_loss", micro_batch_size=2),
+                      hf_checkpoint=build_tiny_model(), rollout_temperature=1.0)  # fmt: skip
+    before = trained_logprobs(a, demos)
+    losses = [a.train(demos)["sft_loss"] for _ in range(5)]
+    assert losses[0] == pytest.approx(-float(before.mean()), rel=1e-4)  # NLL of the trained tokens
+    assert losses[-1] < losses[0] - 0.5, losses  # nats per token
+    assert torch.all(trained_logprobs(a, demos) > before)
