@@ -81,7 +81,8 @@ def make_rollout_context(
     if engine_limit is not None and limit > engine_limit:
         raise ConfigError(f"--rollout-max-context-len {limit} exceeds the model's context "
                           f"length {engine_limit}: lower it")
-    return RolloutContext(args, engine, renderer, sampling_from_args(args, renderer), limit, factory)
+    return RolloutContext(args, engine, renderer, sampling_from_args(args, renderer), limit, factory,
+                          seed=args.rollout_seed)  # fmt: skip
 
 
 def eval_context(ctx: RolloutContext) -> RolloutContext:

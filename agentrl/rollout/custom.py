@@ -173,7 +173,8 @@ async def generate_single(
         overrides = sampling_params if isinstance(sampling_params, Mapping) else dataclasses.asdict(sampling_params)
         params = params.replace(**overrides)
     rid = f"{call.rid}-s{state.sample.index}-t{state.turns}"
-    out = await _on_rollout_loop(call, trajectory.generate(call.ctx.engine, params, rid))
+    out = await _on_rollout_loop(call, trajectory.generate(call.ctx.engine, params, rid,
+                                                           seed=call.ctx.seed))  # fmt: skip
     if out is None:
         _set_status(state, Status.TRUNCATED, "context")
         return ""

@@ -53,6 +53,8 @@ class RolloutContext:
         env_factory: Makes a fresh env per episode; ``None`` for single-turn prompts.
         stopping: Set when the rollout has enough groups: episodes stop before their next
             engine request (as aborted), in-flight requests are aborted by the rollout.
+        seed: The run's ``--rollout-seed``: each request's sampling seed derives from it and the
+            request id, so sampling is reproducible (``None``: the engine's own stream).
     """
 
     args: Any
@@ -62,6 +64,7 @@ class RolloutContext:
     max_context_len: int
     env_factory: Callable[[], ToolEnv] | None = None
     stopping: threading.Event = dataclasses.field(default_factory=threading.Event)
+    seed: int | None = None
 
 
 def prompt_messages(prompt: Any) -> list[dict[str, Any]]:
@@ -149,7 +152,8 @@ class Episode:
                 sample.status = Status.ABORTED
                 sample.metadata["finish"] = "abort"
                 return None
-            out = await trajectory.generate(self.ctx.engine, self.ctx.sampling, f"{self.rid}-t{self._turn}")
+            out = await trajectory.generate(self.ctx.engine, self.ctx.sampling,
+                                            f"{self.rid}-t{self._turn}", seed=self.ctx.seed)  # fmt: skip
             if out is None:
                 return self._finish(Status.TRUNCATED, "context")
             if out.finish_reason == "abort":

@@ -155,6 +155,8 @@ class RolloutRunner:
                         min(missing, len(rejected)))  # fmt: skip
             kept.extend(rejected[-missing:])
             counts["dynamic_sampling_exhausted"] = 1
+        # completion order is a race; group-id order makes a rollout's batch reproducible
+        kept.sort(key=_group_order)
         metrics = _metrics(kept, counts, submitted, asyncio.get_running_loop().time() - started)
         return RolloutBatch(kept, metrics)
 
@@ -216,6 +218,12 @@ class RolloutRunner:
             episode = self.suspended.pop((sample.group_id, sample.index), None)
             if episode is not None:
                 await episode.close()
+
+
+def _group_order(group: list[Sample]) -> tuple[int, int, str]:
+    """Sort key: integer group ids in numeric order, then any others by their text."""
+    gid = group[0].group_id
+    return (0, gid, "") if isinstance(gid, int) else (1, 0, str(gid))
 
 
 def _metrics(groups: list[list[Sample]], counts: collections.Counter[str], submitted: int,

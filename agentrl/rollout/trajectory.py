@@ -9,6 +9,7 @@ re-encodes text: decoding happens only to hand the model's text to the tool-call
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -17,7 +18,7 @@ from agentrl.chat import ChatRenderer
 from agentrl.rollout.engine.base import Engine, GenerateOutput, SamplingParams
 from agentrl.rollout.sample import Sample, Turn
 
-__all__ = ["CUT_MARKER", "Trajectory", "fit_env_messages"]
+__all__ = ["CUT_MARKER", "Trajectory", "fit_env_messages", "request_seed"]
 
 CUT_MARKER = "\n[... {removed} characters of output cut to fit the context window]"
 """Appended to a tool result that was shortened to fit ``--rollout-max-context-len``."""
@@ -47,17 +48,21 @@ class Trajectory:
         return self.max_context_len - len(self.sample.tokens)
 
     async def generate(
-        self, engine: Engine, sampling: SamplingParams, rid: str
+        self, engine: Engine, sampling: SamplingParams, rid: str, *, seed: int | None = None
     ) -> GenerateOutput | None:
         """Generates one assistant turn (or the rest of one cut by an abort) and appends it.
 
-        ``max_new_tokens`` shrinks to the remaining budget. Returns ``None`` when no budget is
-        left (nothing was generated).
+        ``max_new_tokens`` shrinks to the remaining budget. With ``seed`` (the run's
+        ``--rollout-seed``) and no seed in ``sampling``, the request's sampling seed is derived
+        from ``(seed, rid)``: the same request draws the same tokens in a resumed run, whatever
+        else the engine is serving. Returns ``None`` when no budget is left.
         """
         budget = self.budget
         if budget <= 0:
             return None
         params = sampling.replace(max_new_tokens=min(sampling.max_new_tokens, budget))
+        if seed is not None and params.sampling_seed is None:
+            params = params.replace(sampling_seed=request_seed(seed, rid))
         started = time.perf_counter()
         out = await engine.generate(list(self.sample.tokens), params, rid=rid)
         self.append_assistant(out.output_ids, out.output_logprobs, finish_reason=out.finish_reason,
@@ -180,3 +185,9 @@ def fit_env_messages(
         else:
             high = middle
     return best
+
+
+def request_seed(seed: int, rid: str) -> int:
+    """A 63-bit sampling seed for request ``rid`` of a run seeded with ``seed``."""
+    digest = hashlib.blake2b(f"{seed}:{rid}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 TINY_RUN = ["--env", "calc", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
             "--max-turns", "2", "--rollout-max-response-len", "12"]  # fmt: skip
@@ -65,3 +67,37 @@ def test_sft_warm_start_then_rl_from_its_export(tmp_path):
     rl = train(*TINY_RUN, "--num-rollout", "1", "--hf-checkpoint", str(exported),
                "--output-dir", str(tmp_path / "rl"), cwd=tmp_path)  # fmt: skip
     assert rl.returncode == 0, rl.stderr[-3000:]
+
+
+def test_resumed_run_equals_an_uninterrupted_one(tmp_path):
+    """Kill after the first checkpoint, resume with --load: the rollouts and steps after it are
+    the uninterrupted run's (sampling seeds derive from --rollout-seed and the request id; the
+    checkpoint holds weights, optimizer, schedule, RNG and the data position)."""
+    rm = tmp_path / "rm.py"  # a reward with spread, so the tiny model gets real gradients
+    rm.write_text("def rm(args, sample):\n    return float(len(sample.response) % 3 == 0)\n")
+    flags = [*TINY_RUN, "--custom-rm-path", str(rm), "--lr", "1e-3", "--rollout-temperature", "1.0"]
+    whole = train(*flags, "--num-rollout", "3", "--output-dir", str(tmp_path / "whole"), cwd=tmp_path)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    cut = train(*flags, "--num-rollout", "2", "--output-dir", str(tmp_path / "cut"),
+                "--save", str(tmp_path / "ckpt"), "--save-interval", "1", cwd=tmp_path)  # fmt: skip
+    assert cut.returncode == 0, cut.stderr[-3000:]
+    (tmp_path / "ckpt" / "latest").write_text("rollout_00001\n")  # as if killed after rollout 0
+    resumed = train(*flags, "--num-rollout", "3", "--output-dir", str(tmp_path / "resumed"),
+                    "--load", str(tmp_path / "ckpt"), cwd=tmp_path)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    def read(run: str) -> dict[int, dict]:
+        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        return {m["rollout_id"]: m for m in map(json.loads, lines)}
+
+    expected, got = read("whole"), read("resumed")
+    assert sorted(got) == [1, 2]
+    assert any(expected[i]["train/grad_norm"] > 0 for i in (1, 2))  # the check has teeth
+    for rollout_id in (1, 2):
+        for key, value in expected[rollout_id].items():
+            if key.startswith(("train/", "rollout/")) and not key.endswith(("_s", "per_s")):
+                assert got[rollout_id][key] == pytest.approx(value, abs=1e-6), (rollout_id, key)
+        whole_tokens = (tmp_path / "whole" / "trajectories" / f"rollout_{rollout_id:05d}.jsonl").read_text()
+        resumed_tokens = (tmp_path / "resumed" / "trajectories" / f"rollout_{rollout_id:05d}.jsonl").read_text()
+        assert [json.loads(x)["tokens"] for x in whole_tokens.splitlines()] == \
+            [json.loads(x)["tokens"] for x in resumed_tokens.splitlines()]
