@@ -1,0 +1,171 @@
+"""Ray placement of the trainer: one Ray actor per Megatron rank, in a placement group.
+
+``TrainerGroup`` is what the training loop talks to; it has the :class:`MegatronActor` methods
+the loop needs (``train``, ``hf_state_dict``, ``save_checkpoint``, ``load_checkpoint``,
+``save_hf``) and runs each on every rank at once (they are collectives over the model-parallel
+group), returning rank 0's answer. Ranks rendezvous over torch.distributed at rank 0's node
+address. On a machine without GPUs every rank gets a ``{"CPU": 1}`` bundle; with GPUs, one GPU
+(and ``--cpus-per-rank`` CPUs). Ray starts locally unless ``--ray-address`` names a cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from agentrl.config import flag, option
+from agentrl.errors import ConfigError
+
+__all__ = ["ClusterConfig", "TrainerGroup", "start_ray"]
+
+
+@dataclasses.dataclass
+class ClusterConfig:
+    """Where things run (flags as in the brief)."""
+
+    use_ray: bool = option(True, "place the trainer ranks as Ray actors (--no-use-ray: all in "
+                           "this process, one rank)")
+    ray_address: str | None = option(None, "join this Ray cluster (default: start Ray locally)")
+    actor_num_nodes: int = option(1, "nodes for the trainer")
+    actor_num_gpus_per_node: int = option(1, "trainer ranks per node: GPUs, or CPU processes on a "
+                                          "machine without GPUs")
+    rollout_num_gpus: int | None = option(None, "GPUs for rollout engines (the embedded engine "
+                                          "runs in the driver process)")
+    colocate: bool = option(False, "trainer and engines share GPUs (engines sleep while training)")
+    cpus_per_rank: int = option(1, "CPUs reserved per trainer rank")
+
+    @property
+    def world_size(self) -> int:
+        return self.actor_num_nodes * self.actor_num_gpus_per_node
+
+    def validate(self, tensor_parallel: int) -> None:
+        """Raises ConfigError naming the flag when the ranks cannot host the model parallelism."""
+        for name in ("actor_num_nodes", "actor_num_gpus_per_node", "cpus_per_rank"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{flag(name)} must be >= 1, got {getattr(self, name)}")
+        if self.world_size % tensor_parallel:
+            raise ConfigError(
+                f"--actor-num-nodes x --actor-num-gpus-per-node = {self.world_size} ranks are not a "
+                f"multiple of --tensor-model-parallel-size {tensor_parallel}")
+        if not self.use_ray and self.world_size > 1:
+            raise ConfigError("--no-use-ray runs one trainer rank in this process: drop it, or use "
+                              "--actor-num-nodes 1 --actor-num-gpus-per-node 1")
+
+
+def start_ray(config: ClusterConfig) -> None:
+    """Starts Ray locally (small object store, no dashboard) or joins ``--ray-address``."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if config.ray_address:
+        ray.init(address=config.ray_address, log_to_driver=True)
+        return
+    ray.init(num_cpus=max(os.cpu_count() or 1, config.world_size * config.cpus_per_rank),
+             object_store_memory=256 * 2**20, include_dashboard=False, log_to_driver=False)  # fmt: skip
+
+
+class _TrainerRank:
+    """One Megatron rank (a Ray actor; see :class:`TrainerGroup`)."""
+
+    def address(self) -> tuple[str, int]:
+        """This node's address and a free port on it (rank 0 hosts the rendezvous)."""
+        import ray
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            return ray.util.get_node_ip_address(), int(sock.getsockname()[1])
+
+    def setup(self, rank: int, world_size: int, master: tuple[str, int], threads: int,
+              kwargs: dict[str, Any]) -> int:  # fmt: skip
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR=master[0],
+                          MASTER_PORT=str(master[1]), LOCAL_RANK="0")  # fmt: skip
+        import torch
+
+        from agentrl.trainer.actor import MegatronActor
+        from agentrl.trainer.config import TrainerConfig
+
+        torch.set_num_threads(threads)
+        config = TrainerConfig(**kwargs.pop("config"))
+        self.rank = rank
+        self.actor = MegatronActor(config, **kwargs)
+        return self.actor.step
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        result = getattr(self.actor, method)(*args, **kwargs)
+        return result if self.rank == 0 else None
+
+
+class TrainerGroup:
+    """The trainer's ranks as Ray actors in one placement group.
+
+    Args:
+        cluster: Placement flags.
+        trainer_config: The trainer's flags (``dataclasses.asdict``-able).
+        **actor_kwargs: Passed to every rank's :class:`~agentrl.trainer.actor.MegatronActor`
+            (``hf_checkpoint``, ``rollout_temperature``, ``total_steps``, ``pad_id``).
+    """
+
+    def __init__(self, cluster: ClusterConfig, trainer_config: Any, **actor_kwargs: Any) -> None:
+        import ray
+        import torch
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.cluster = cluster
+        gpus = 1 if torch.cuda.is_available() else 0
+        bundle = {"CPU": cluster.cpus_per_rank, **({"GPU": gpus} if gpus else {})}
+        self.placement = placement_group([dict(bundle) for _ in range(cluster.world_size)],
+                                         strategy="PACK")  # fmt: skip
+        ray.get(self.placement.ready(), timeout=300)
+        remote = ray.remote(_TrainerRank)
+        self.ranks = [
+            remote.options(
+                num_cpus=cluster.cpus_per_rank, num_gpus=gpus,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self.placement, placement_group_bundle_index=rank),
+            ).remote()
+            for rank in range(cluster.world_size)
+        ]  # fmt: skip
+        master = ray.get(self.ranks[0].address.remote())
+        kwargs = {k: str(v) if isinstance(v, Path) else v for k, v in actor_kwargs.items()}
+        kwargs["config"] = dataclasses.asdict(trainer_config)
+        threads = max(1, cluster.cpus_per_rank)
+        ray.get([r.setup.remote(i, cluster.world_size, master, threads, dict(kwargs))
+                 for i, r in enumerate(self.ranks)])  # fmt: skip
+
+    def _all(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        import ray
+
+        return ray.get([r.call.remote(method, *args, **kwargs) for r in self.ranks])[0]
+
+    def train(self, samples: list[Any]) -> dict[str, float]:
+        """Every rank trains on the same samples; rank 0's metrics."""
+        import ray
+
+        return self._all("train", ray.put(samples))
+
+    def hf_state_dict(self) -> dict[str, Any]:
+        return self._all("hf_state_dict")
+
+    def save_checkpoint(self, directory: str | Path, extra: dict[str, Any] | None = None) -> None:
+        self._all("save_checkpoint", str(directory), extra)
+
+    def load_checkpoint(self, directory: str | Path) -> dict[str, Any]:
+        return self._all("load_checkpoint", str(directory))
+
+    def save_hf(self, out_dir: str | Path, tokenizer_dir: str | Path | None = None) -> Path:
+        return self._all("save_hf", str(out_dir), str(tokenizer_dir) if tokenizer_dir else None)
+
+    def shutdown(self) -> None:
+        """Stops the ranks and frees the placement group."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for rank in self.ranks:
+            ray.kill(rank)
+        self.ranks = []
+        remove_placement_group(self.placement)
