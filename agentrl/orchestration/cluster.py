@@ -32,9 +32,6 @@ class ClusterConfig:
     actor_num_nodes: int = option(1, "nodes for the trainer")
     actor_num_gpus_per_node: int = option(1, "trainer ranks per node: GPUs, or CPU processes on a "
                                           "machine without GPUs")
-    rollout_num_gpus: int | None = option(None, "GPUs for rollout engines (the embedded engine "
-                                          "runs in the driver process)")
-    colocate: bool = option(False, "trainer and engines share GPUs (engines sleep while training)")
     cpus_per_rank: int = option(1, "CPUs reserved per trainer rank")
 
     @property
