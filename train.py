@@ -6,7 +6,9 @@
 
 Every flag (``python train.py --help``) belongs to one typed config: ``RolloutConfig``
 (agentrl.rollout), ``TrainerConfig`` (agentrl.trainer) or ``RunConfig`` (agentrl.orchestration).
-This runs everything in one process: the embedded engine and a single-rank Megatron actor.
+The trainer's ranks run as Ray actors (``--actor-num-nodes`` x ``--actor-num-gpus-per-node``,
+CPU processes on a machine without GPUs; ``--no-use-ray`` keeps one rank in this process); the
+embedded engine serves rollouts in this process.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import asyncio
 import sys
 
 from agentrl.errors import AgentRLError
+from agentrl.models import build_tiny_model
+from agentrl.orchestration.cluster import TrainerGroup, start_ray
 from agentrl.orchestration.run import (
     RunLog,
     checkpoint_folder,
@@ -30,14 +34,13 @@ from agentrl.rollout import (
     run_evaluation,
 )
 from agentrl.rollout.demonstrations import DemoBatch, demonstrations
-from agentrl.rollout.evaluation import write_eval_results
 
 
 async def main(argv: list[str]) -> None:
     args = parse_args(argv)
     rollout, trainer, run = args.rollout, args.trainer, args.run
     steps = trainer.num_steps_per_rollout
-    log = RunLog(run.output_dir, dead_run_rollouts=run.dead_run_rollouts)
+    log = RunLog.from_config(run, wandb_config=vars(args.namespace))
 
     # the policy, served for rollouts, and the data it plays
     engine = load_policy_engine(rollout, max_batch_size=rollout.rollout_concurrency)
@@ -45,15 +48,17 @@ async def main(argv: list[str]) -> None:
     data = load_data_source(rollout)
     runner = RolloutRunner.from_args(ctx, data)
 
-    # the same weights, trained with Megatron
-    from agentrl.models import build_tiny_model
-    from agentrl.trainer.actor import MegatronActor
-
+    # the same weights, trained with Megatron: one Ray actor per rank (or in this process)
     checkpoint = rollout.hf_checkpoint or build_tiny_model()
-    actor = MegatronActor(trainer, hf_checkpoint=checkpoint,
-                          rollout_temperature=rollout.rollout_temperature,
-                          total_steps=run.num_rollout * steps,
-                          pad_id=engine.tokenizer.pad_token_id or 0)  # fmt: skip
+    actor_kwargs = {"hf_checkpoint": checkpoint, "rollout_temperature": rollout.rollout_temperature,
+                    "total_steps": run.num_rollout * steps, "pad_id": engine.tokenizer.pad_token_id or 0}
+    if args.cluster.use_ray:
+        start_ray(args.cluster)
+        actor = TrainerGroup(args.cluster, trainer, **actor_kwargs)
+    else:
+        from agentrl.trainer.actor import MegatronActor
+
+        actor = MegatronActor(trainer, **actor_kwargs)
     start = 0
     if trainer.load:
         folder = latest_checkpoint(trainer.load)
@@ -64,7 +69,7 @@ async def main(argv: list[str]) -> None:
 
     for rollout_id in range(start, run.num_rollout):
         if run.eval_interval and rollout_id % run.eval_interval == 0 and _has_eval(rollout):
-            write_eval_results(log.eval_path, await run_evaluation(ctx, rollout_id))
+            log.eval(rollout_id, await run_evaluation(ctx, rollout_id))
         if trainer.loss_type == "sft_loss":  # a supervised warm start on demonstrations
             groups = data.get_samples(rollout.rollout_batch_size)
             batch = DemoBatch(await demonstrations(ctx, groups))
@@ -85,9 +90,12 @@ async def main(argv: list[str]) -> None:
             actor.save_hf(f"{trainer.save_hf}/rollout_{rollout_id + 1:05d}", tokenizer_dir=checkpoint)
 
     if run.eval_interval and _has_eval(rollout):
-        write_eval_results(log.eval_path, await run_evaluation(ctx, run.num_rollout))
+        log.eval(run.num_rollout, await run_evaluation(ctx, run.num_rollout))
     await runner.close()
     await engine.close()
+    log.close()
+    if isinstance(actor, TrainerGroup):
+        actor.shutdown()
     print(f"done: metrics {log.metrics_path}, trajectories {log.trajectories}"
           + (f", checkpoints {trainer.save}" if trainer.save else ""))
 

@@ -38,7 +38,7 @@ class ClusterConfig:
     def world_size(self) -> int:
         return self.actor_num_nodes * self.actor_num_gpus_per_node
 
-    def validate(self, tensor_parallel: int) -> None:
+    def validate(self, tensor_parallel: int = 1) -> None:
         """Raises ConfigError naming the flag when the ranks cannot host the model parallelism."""
         for name in ("actor_num_nodes", "actor_num_gpus_per_node", "cpus_per_rank"):
             if getattr(self, name) < 1:

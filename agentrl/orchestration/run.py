@@ -13,6 +13,15 @@ from typing import Any
 
 from agentrl.config import add_arguments, flag, from_namespace, option
 from agentrl.errors import ConfigError
+from agentrl.orchestration.cluster import ClusterConfig
+from agentrl.orchestration.sinks import (
+    WANDB_MODES,
+    MetricsSink,
+    TensorBoardSink,
+    WandbSink,
+    require_wandb,
+    scalars,
+)
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.sample import Sample
 from agentrl.trainer.config import TrainerConfig, steps_per_rollout
@@ -32,12 +41,27 @@ class RunConfig:
     save_trajectories: bool = option(True, "write each rollout's samples as JSONL")
     dead_run_rollouts: int = option(3, "warn when every group had zero reward variance for this "
                                     "many rollouts in a row (nothing is being learned)")
+    use_tensorboard: bool = option(True, "write TensorBoard event files under <output-dir>/"
+                                   "tensorboard (one scalar per metric, step = rollout id)")
+    use_wandb: bool = option(False, "also log metrics to Weights & Biases "
+                             "(needs: pip install wandb)")
+    wandb_project: str = option("agentrl", "the wandb project (with --use-wandb)")
+    wandb_mode: str = option("offline", "online, or offline: files under <output-dir>/wandb "
+                             "to upload later with `wandb sync` (with --use-wandb)",
+                             choices=WANDB_MODES)
+    wandb_run_name: str | None = option(None, "the wandb run's name (default: one wandb picks)")
 
     def validate(self) -> None:
         for name in ("num_rollout", "update_weights_interval", "eval_interval", "dead_run_rollouts"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{flag(name)} must be >= 1, got {value}")
+        if self.wandb_mode not in WANDB_MODES:
+            raise ConfigError(f"--wandb-mode must be one of {', '.join(WANDB_MODES)}, "
+                              f"got {self.wandb_mode!r}")  # fmt: skip
+        if self.use_wandb:
+            # Fail at flag parsing, not after the model has loaded.
+            require_wandb()
 
 
 @dataclasses.dataclass
@@ -47,6 +71,7 @@ class Args:
     rollout: RolloutConfig
     trainer: TrainerConfig
     run: RunConfig
+    cluster: ClusterConfig
     namespace: argparse.Namespace
 
 
@@ -54,25 +79,57 @@ def parse_args(argv: Sequence[str] | None = None) -> Args:
     """Parses and validates the flags, the batch equation included (errors name the flag and
     exit with status 2), and fills in ``--global-batch-size`` / ``--num-steps-per-rollout``."""
     parser = argparse.ArgumentParser(prog="train.py", description="agentrl: RL for tool-using agents")
-    for cls, title in ((RolloutConfig, "rollout"), (TrainerConfig, "trainer"), (RunConfig, "run")):
+    for cls, title in ((RolloutConfig, "rollout"), (TrainerConfig, "trainer"), (RunConfig, "run"),
+                       (ClusterConfig, "cluster")):
         add_arguments(parser, cls, title)
     namespace = parser.parse_args(argv)
     try:
         rollout = from_namespace(RolloutConfig, namespace)
         trainer = from_namespace(TrainerConfig, namespace)
         run = from_namespace(RunConfig, namespace)
+        cluster = from_namespace(ClusterConfig, namespace)
+        cluster.validate(trainer.tensor_model_parallel_size)
         steps_per_rollout(trainer, rollout.rollout_batch_size, rollout.n_samples_per_prompt)
         if trainer.load:
             latest_checkpoint(trainer.load)
     except ConfigError as exc:
         parser.error(str(exc))
-    return Args(rollout, trainer, run, namespace)
+    return Args(rollout, trainer, run, cluster, namespace)
 
 
 class RunLog:
-    """Appends metrics, eval results and trajectories as JSONL under ``output_dir``."""
+    """Everything a run writes about itself under ``output_dir``.
 
-    def __init__(self, output_dir: str | Path, dead_run_rollouts: int = 3) -> None:
+    * ``metrics.jsonl``: one line per rollout (always), plus a one-line console summary.
+    * ``eval.jsonl``: one line per evaluation (:meth:`eval`).
+    * ``trajectories/rollout_<id>.jsonl``: each rollout's samples (:meth:`samples`).
+    * ``tensorboard/``: event files, one scalar per numeric metric at step = rollout id
+      (``use_tensorboard``).
+    * ``wandb/``: a Weights & Biases run (``use_wandb``).
+
+    It also warns on stderr when ``dead_run_rollouts`` rollouts in a row had zero reward variance
+    in every group (nothing is being learned). Call :meth:`close` at the end (or use it as a
+    context manager); after that, only the JSONL files are written.
+
+    Args:
+        output_dir: The run's folder (created if missing).
+        dead_run_rollouts: Flat rollouts in a row before the dead-run warning.
+        use_tensorboard: Write TensorBoard event files.
+        use_wandb: Log to wandb (imported only then).
+        wandb_project: The wandb project.
+        wandb_mode: ``"offline"`` or ``"online"``.
+        wandb_run_name: The wandb run's name; wandb picks one when ``None``.
+        wandb_config: Hyperparameters recorded with the wandb run (e.g. every flag).
+
+    Raises:
+        ConfigError: A requested backend is not installed; the message names the flag.
+    """
+
+    def __init__(self, output_dir: str | Path, dead_run_rollouts: int = 3, *,
+                 use_tensorboard: bool = True, use_wandb: bool = False,
+                 wandb_project: str = "agentrl", wandb_mode: str = "offline",
+                 wandb_run_name: str | None = None,
+                 wandb_config: dict[str, Any] | None = None) -> None:  # fmt: skip
         self.dead_run_rollouts = dead_run_rollouts
         self.flat_rollouts = 0
         self.root = Path(output_dir)
@@ -80,9 +137,32 @@ class RunLog:
         self.metrics_path = self.root / "metrics.jsonl"
         self.eval_path = self.root / "eval.jsonl"
         self.trajectories = self.root / "trajectories"
+        self.tensorboard_dir = self.root / "tensorboard"
         self.started = time.perf_counter()
+        self.sinks: list[MetricsSink] = []
+        try:
+            if use_tensorboard:
+                self.sinks.append(TensorBoardSink(self.tensorboard_dir))
+            if use_wandb:
+                wandb_sink = WandbSink(self.root, project=wandb_project, mode=wandb_mode,
+                                  run_name=wandb_run_name, config=wandb_config)
+                self.sinks.append(wandb_sink)
+        except BaseException:
+            # A later sink failed: release the ones already open so no writer thread leaks.
+            self.close()
+            raise
+
+    @classmethod
+    def from_config(cls, run: RunConfig, wandb_config: dict[str, Any] | None = None) -> RunLog:
+        """The log ``run``'s flags ask for; ``wandb_config`` is recorded with a wandb run."""
+        return cls(run.output_dir, dead_run_rollouts=run.dead_run_rollouts,
+                   use_tensorboard=run.use_tensorboard, use_wandb=run.use_wandb,
+                   wandb_project=run.wandb_project, wandb_mode=run.wandb_mode,
+                   wandb_run_name=run.wandb_run_name, wandb_config=wandb_config)  # fmt: skip
 
     def metrics(self, rollout_id: int, values: dict[str, Any]) -> None:
+        """Records one rollout's metrics: JSONL line, sinks (flushed), console summary, and the
+        dead-run check."""
         groups = values.get("rollout/groups", 0)
         flat = groups > 0 and values.get("rollout/zero_std_groups", 0) == groups
         self.flat_rollouts = self.flat_rollouts + 1 if flat else 0
@@ -94,24 +174,74 @@ class RunLog:
                   "--n-samples-per-prompt or --rollout-temperature, or use a dynamic-sampling "
                   "filter (--dynamic-sampling-filter-path agentrl.rollout.filters:reward_std_positive).",
                   file=sys.stderr, flush=True)  # fmt: skip
-        record = {"rollout_id": rollout_id, "elapsed_s": round(time.perf_counter() - self.started, 3),
-                  **values}  # fmt: skip
+        elapsed = round(time.perf_counter() - self.started, 3)
+        record = {"rollout_id": rollout_id, "elapsed_s": elapsed, **values}
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        self._log_scalars(rollout_id, {**scalars(values), "run/elapsed_s": elapsed})
         shown = {k: v for k, v in record.items() if k in SHOWN}
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()),
               flush=True)  # fmt: skip
 
+    def eval(self, step: int, result: dict[str, Any]) -> None:
+        """Records one evaluation: a line of ``eval.jsonl`` and scalars ``eval/<set>/<metric>``.
+
+        Args:
+            step: The rollout id the evaluation ran before (``num_rollout`` for the final one).
+            result: What :func:`agentrl.rollout.evaluation.run_evaluation` returns,
+                ``{"step", "sets": {name: metrics}}``, or just the ``{name: metrics}`` part.
+
+        Raises:
+            ValueError: ``result`` carries a ``step`` other than ``step``.
+        """
+        sets = result.get("sets")
+        # A set's metrics are numbers, so a "sets" mapping of mappings is run_evaluation's form
+        # even if someone named an eval set "sets".
+        if isinstance(sets, dict) and all(isinstance(v, dict) for v in sets.values()):
+            if result.get("step", step) != step:
+                raise ValueError(f"eval result is for step {result['step']}, logged at step {step}")
+            record = result if "step" in result else {"step": step, **result}
+        else:
+            record = {"step": step, "sets": result}
+        # The same line agentrl.rollout.evaluation.write_eval_results writes, so readers of
+        # eval.jsonl need not care which one produced it.
+        with self.eval_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        self._log_scalars(step, scalars(record["sets"], prefix="eval/"))
+        for name, metrics in record["sets"].items():
+            shown = {k: metrics[k] for k in EVAL_SHOWN if k in metrics}
+            print(f"eval step={step} {name}: "
+                  + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                             for k, v in shown.items()), flush=True)  # fmt: skip
+
     def samples(self, rollout_id: int, samples: Sequence[Sample]) -> None:
+        """Writes one rollout's samples as ``trajectories/rollout_<id>.jsonl``."""
         self.trajectories.mkdir(exist_ok=True)
         with (self.trajectories / f"rollout_{rollout_id:05d}.jsonl").open("w") as f:
             for sample in samples:
                 f.write(sample.to_json() + "\n")
 
+    def close(self) -> None:
+        """Flushes and closes the TensorBoard / wandb writers; calling it again does nothing."""
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
+            sink.close()
+
+    def __enter__(self) -> RunLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _log_scalars(self, step: int, values: dict[str, float]) -> None:
+        for sink in self.sinks:
+            sink.log(step, values)
+
 
 SHOWN = ("rollout_id", "elapsed_s", "rollout/reward_mean", "rollout/completed", "rollout/truncated",
          "rollout/failed", "rollout/turns_mean", "rollout/zero_std_groups", "train/loss", "train/sft_loss",
          "train/kl_loss", "train/entropy", "train/grad_norm", "train/train_tokens_per_s")  # fmt: skip
+EVAL_SHOWN = ("n_prompts", "n_samples", "pass@1", "mean_reward")
 
 
 def checkpoint_folder(root: str | Path, next_rollout: int) -> Path:

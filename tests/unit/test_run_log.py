@@ -1,0 +1,174 @@
+"""RunLog: JSONL files, TensorBoard scalars, the wandb flags, and the dead-run warning."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from agentrl.errors import ConfigError
+from agentrl.orchestration.run import RunConfig, RunLog, parse_args
+from agentrl.orchestration.sinks import scalars
+
+ENV = ["--env", "calc"]
+FLAT = {"rollout/groups": 4, "rollout/zero_std_groups": 4, "rollout/reward_mean": 0.0}
+LEARNING = {"rollout/groups": 4, "rollout/zero_std_groups": 1, "rollout/reward_mean": 0.5}
+EVAL = {"step": 2, "sets": {"calc": {"n_prompts": 3, "n_samples": 6, "mean_reward": 0.5,
+                                     "statuses": {"completed": 5, "truncated": 1},
+                                     "pass@1": 0.5, "pass@2": 0.75}}}  # fmt: skip
+
+
+def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """``tag -> [(step, value)]`` from the event files under ``log_dir``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)]
+            for tag in events.Tags()["scalars"]}  # fmt: skip
+
+
+def test_metrics_jsonl_and_tensorboard_scalars(tmp_path: Path) -> None:
+    with RunLog(tmp_path) as log:
+        log.metrics(0, {**LEARNING, "train/loss": 1.25, "rollout/note": "text is not plotted"})
+        log.metrics(1, {**LEARNING, "rollout/reward_mean": 0.75, "train/loss": 0.5})
+        # Flushed on every rollout: readable while the run is still going.
+        assert read_scalars(log.tensorboard_dir)["train/loss"] == [(0, 1.25), (1, 0.5)]
+
+    lines = [json.loads(line) for line in log.metrics_path.read_text().splitlines()]
+    assert [line["rollout_id"] for line in lines] == [0, 1]
+    assert lines[0]["train/loss"] == 1.25 and lines[0]["rollout/note"] == "text is not plotted"
+    assert lines[1]["run/flat_rollouts_in_a_row"] == 0 and "elapsed_s" in lines[1]
+
+    tags = read_scalars(tmp_path / "tensorboard")
+    assert tags["rollout/reward_mean"] == [(0, 0.5), (1, 0.75)]
+    assert tags["run/flat_rollouts_in_a_row"] == [(0, 0.0), (1, 0.0)]
+    assert [step for step, _ in tags["run/elapsed_s"]] == [0, 1]
+    assert "rollout/note" not in tags
+
+
+def test_eval_writes_jsonl_and_scalars(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = RunLog(tmp_path)
+    log.eval(2, EVAL)
+    log.eval(4, {"calc": {"pass@1": 1.0}})  # the bare {set: metrics} form
+    log.close()
+
+    lines = [json.loads(line) for line in log.eval_path.read_text().splitlines()]
+    assert lines == [EVAL, {"step": 4, "sets": {"calc": {"pass@1": 1.0}}}]
+    tags = read_scalars(log.tensorboard_dir)
+    assert tags["eval/calc/pass@1"] == [(2, 0.5), (4, 1.0)]
+    assert tags["eval/calc/pass@2"] == [(2, 0.75)]
+    assert tags["eval/calc/statuses/truncated"] == [(2, 1.0)]
+    shown = "eval step=2 calc: n_prompts=3 n_samples=6 pass@1=0.5 mean_reward=0.5"
+    assert shown in capsys.readouterr().out
+    with pytest.raises(ValueError, match="step 2"):
+        log.eval(3, EVAL)
+
+
+def test_no_tensorboard_writes_no_folder(tmp_path: Path) -> None:
+    run = parse_args([*ENV, "--no-use-tensorboard", "--output-dir", str(tmp_path)]).run
+    assert run.use_tensorboard is False
+    log = RunLog.from_config(run)
+    log.metrics(0, LEARNING)
+    log.eval(0, EVAL["sets"])
+    log.close()
+    assert not (tmp_path / "tensorboard").exists()
+    assert log.metrics_path.is_file() and log.eval_path.is_file()
+
+
+def test_close_is_idempotent_and_later_writes_go_to_jsonl_only(tmp_path: Path) -> None:
+    log = RunLog(tmp_path)
+    log.metrics(0, LEARNING)
+    log.close()
+    log.close()
+    log.metrics(1, LEARNING)
+    assert len(log.metrics_path.read_text().splitlines()) == 2
+    assert [step for step, _ in read_scalars(log.tensorboard_dir)["rollout/reward_mean"]] == [0]
+
+
+def test_dead_run_warning_after_n_flat_rollouts_and_reset(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    log = RunLog(tmp_path, dead_run_rollouts=2, use_tensorboard=False)
+    log.metrics(0, FLAT)
+    assert "dead run" not in capsys.readouterr().err
+    log.metrics(1, FLAT)
+    assert "WARNING: dead run: in the last 2 rollouts" in capsys.readouterr().err
+    log.metrics(2, LEARNING)  # one rollout with signal resets the count
+    log.metrics(3, FLAT)
+    assert "dead run" not in capsys.readouterr().err
+    log.metrics(4, FLAT)
+    assert "in the last 2 rollouts" in capsys.readouterr().err
+    flat = [json.loads(line)["run/flat_rollouts_in_a_row"]
+            for line in log.metrics_path.read_text().splitlines()]  # fmt: skip
+    assert flat == [1, 2, 0, 1, 2]
+
+
+def test_wandb_flags_defaults() -> None:
+    run = parse_args(ENV).run
+    assert (run.use_tensorboard, run.use_wandb) == (True, False)
+    assert (run.wandb_project, run.wandb_mode, run.wandb_run_name) == ("agentrl", "offline", None)
+    with pytest.raises(ConfigError, match="--wandb-mode"):
+        RunConfig(wandb_mode="cloud").validate()
+
+
+def test_wandb_missing_is_a_config_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    monkeypatch.setitem(sys.modules, "wandb", None)  # makes `import wandb` fail, installed or not
+    with pytest.raises(ConfigError, match=r"--use-wandb.*pip install wandb"):
+        RunLog(tmp_path / "run", use_wandb=True)
+    with pytest.raises(SystemExit) as exc:  # at flag parsing, before any model is loaded
+        parse_args([*ENV, "--use-wandb"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--use-wandb" in err and "pip install wandb" in err
+
+
+def test_wandb_sink_logs_against_rollout_id(monkeypatch: pytest.MonkeyPatch,
+                                            tmp_path: Path) -> None:  # fmt: skip
+    calls: list[tuple[str, object]] = []
+
+    class FakeRun:
+        def define_metric(self, name: str, step_metric: str | None = None) -> None:
+            calls.append(("define_metric", (name, step_metric)))
+
+        def log(self, record: dict[str, float]) -> None:
+            calls.append(("log", record))
+
+        def finish(self) -> None:
+            calls.append(("finish", None))
+
+    def init(**kwargs: object) -> FakeRun:
+        calls.append(("init", kwargs))
+        return FakeRun()
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+    log = RunLog(tmp_path, use_tensorboard=False, use_wandb=True, wandb_run_name="r1",
+                 wandb_config={"lr": 1e-6})  # fmt: skip
+    log.metrics(3, {**LEARNING, "train/loss": 0.5})
+    log.eval(3, EVAL["sets"])
+    log.close()
+    log.close()
+
+    assert calls[0] == ("init", {"project": "agentrl", "name": "r1", "mode": "offline",
+                                 "dir": str(tmp_path), "config": {"lr": 1e-6}})  # fmt: skip
+    logged = [record for kind, record in calls if kind == "log"]
+    assert logged[0]["train/loss"] == 0.5 and logged[0]["rollout_id"] == 3
+    assert logged[1]["eval/calc/pass@1"] == 0.5 and logged[1]["rollout_id"] == 3
+    assert [kind for kind, _ in calls].count("finish") == 1
+
+
+def test_wandb_offline_run_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("wandb", reason="wandb is optional and not installed")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    log = RunLog(tmp_path, use_tensorboard=False, use_wandb=True, wandb_mode="offline")
+    log.metrics(0, LEARNING)
+    log.close()
+    assert list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+def test_scalars_flattens_and_filters() -> None:
+    assert scalars({"a": 1, "b": True, "c": "x", "d": None, "e": [1], "f": {"g": 2.5}},
+                   prefix="p/") == {"p/a": 1.0, "p/b": 1.0, "p/f/g": 2.5}  # fmt: skip
