@@ -1,11 +1,53 @@
-"""Reading Hugging Face ``config.json`` fields that both the engine and the trainer need."""
+"""Reading Hugging Face ``config.json`` fields that both the engine and the trainer need.
+
+Each reader takes the exception type to raise, so the engine reports ``EngineError`` and the
+trainer ``ConfigError`` for the same unsupported field."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["rope_theta"]
+__all__ = ["architecture", "check_supported", "rope_theta"]
+
+
+def check_supported(raw: Mapping[str, Any], supported: tuple[str, ...], who: str,
+                    error: type[Exception]) -> str:  # fmt: skip
+    """The config's model type, after refusing what neither the engine nor the trainer runs.
+
+    Raises:
+        error: Another model type, an activation other than SiLU, or sliding-window attention;
+            the message names the config field.
+    """
+    model_type = raw.get("model_type")
+    if model_type not in supported:
+        raise error(f"config field 'model_type' is {model_type!r}; {who} supports "
+                    f"{', '.join(supported)}")  # fmt: skip
+    act = raw.get("hidden_act", "silu")
+    if act != "silu":
+        raise error(f"config field 'hidden_act' is {act!r}; only 'silu' is supported")
+    if raw.get("use_sliding_window"):
+        raise error("config field 'use_sliding_window' is true; sliding-window attention is not "
+                    "supported")  # fmt: skip
+    return str(model_type)
+
+
+def architecture(raw: Mapping[str, Any], error: type[Exception]) -> dict[str, Any]:
+    """The decoder's sizes, as both readers name them (heads default as transformers does)."""
+    heads = int(raw["num_attention_heads"])
+    return {
+        "vocab_size": int(raw["vocab_size"]),
+        "hidden_size": int(raw["hidden_size"]),
+        "intermediate_size": int(raw["intermediate_size"]),
+        "num_layers": int(raw["num_hidden_layers"]),
+        "num_heads": heads,
+        "num_kv_heads": int(raw.get("num_key_value_heads") or heads),
+        "head_dim": int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
+        "rms_norm_eps": float(raw.get("rms_norm_eps", 1e-6)),
+        "rope_theta": rope_theta(raw, error),
+        "max_position_embeddings": int(raw.get("max_position_embeddings", 4096)),
+        "tie_word_embeddings": bool(raw.get("tie_word_embeddings", False)),
+    }
 
 
 def rope_theta(raw: Mapping[str, Any], error: type[Exception]) -> float:

@@ -42,13 +42,13 @@ from agentrl.trainer.critic import ValueModel
 from agentrl.trainer.distributed import init_model_parallel
 from agentrl.trainer.hf_convert import (
     build_gpt_model,
-    check_model_flags,
     export_hf_state_dict,
     hf_spec_of,
     load_hf_weights,
     read_hf_config,
     save_hf_checkpoint,
 )
+from agentrl.trainer.model_flags import check_model_flags
 from agentrl.trainer.vocab_parallel import (
     vocab_parallel_logprobs,
     vocab_parallel_logprobs_and_entropy,

@@ -22,13 +22,13 @@ from agentrl.trainer.distributed import destroy_model_parallel, init_model_paral
 from agentrl.trainer.hf_convert import (
     WeightMappingError,
     build_gpt_model,
-    check_model_flags,
     export_hf_state_dict,
     load_hf_weights,
     padded_vocab_size,
     save_hf_checkpoint,
     transformer_config_from_hf,
 )
+from agentrl.trainer.model_flags import check_model_flags
 from agentrl.trainer.vocab_parallel import vocab_parallel_entropy, vocab_parallel_logprobs
 from tests.support.distributed import free_port, spawn
 

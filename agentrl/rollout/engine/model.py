@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from agentrl.errors import EngineError
-from agentrl.models.hf_config import rope_theta
+from agentrl.models.hf_config import architecture, check_supported
 
 __all__ = ["DecoderConfig", "DecoderModel", "KVCache", "read_checkpoint"]
 
@@ -97,34 +97,12 @@ class DecoderConfig:
         """
         if not isinstance(raw, Mapping):
             raw = raw.to_dict()
-        model_type = raw.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise EngineError(
-                f"config field 'model_type' is {model_type!r}; the embedded engine supports "
-                f"{', '.join(SUPPORTED_MODEL_TYPES)}"
-            )
-        act = raw.get("hidden_act", "silu")
-        if act != "silu":
-            raise EngineError(f"config field 'hidden_act' is {act!r}; only 'silu' is supported")
-        if raw.get("use_sliding_window"):
-            raise EngineError("config field 'use_sliding_window' is true; sliding-window "
-                              "attention is not supported")  # fmt: skip
-        heads = int(raw["num_attention_heads"])
+        model_type = check_supported(raw, SUPPORTED_MODEL_TYPES, "the embedded engine", EngineError)
         is_qwen2 = model_type == "qwen2"
         attention_bias = bool(raw.get("attention_bias", False))
         return cls(
             model_type=model_type,
-            vocab_size=int(raw["vocab_size"]),
-            hidden_size=int(raw["hidden_size"]),
-            intermediate_size=int(raw["intermediate_size"]),
-            num_layers=int(raw["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-            head_dim=int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_theta=rope_theta(raw, EngineError),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            **architecture(raw, EngineError),
             qkv_bias=is_qwen2 or attention_bias,
             o_bias=not is_qwen2 and attention_bias,
             mlp_bias=not is_qwen2 and bool(raw.get("mlp_bias", False)),
