@@ -221,3 +221,23 @@ def test_tiny_model_is_built_once_and_deterministically(tmp_path: Path) -> None:
     ids = torch.tensor([tokenizer.encode("def f(x):\n    return x")])
     ours = DecoderModel.from_pretrained(first, device="cpu").forward(ids)
     assert torch.allclose(ours, _reference_logits(hf, ids), atol=TOL, rtol=0)
+
+
+def test_unused_cache_positions_never_poison_a_decode(monkeypatch) -> None:
+    """Positions past a slot's length are masked (weight 0), and 0 x NaN is NaN: a cache grown
+    into memory holding NaN bit patterns once turned whole logit rows into NaN. Here every
+    freshly allocated tensor is NaN-filled; the cache must not expose any of it."""
+    hf, config = _small("qwen2")
+    model = DecoderModel.from_state_dict(config, hf.state_dict(), device="cpu")
+    real_empty = torch.empty
+
+    def nan_empty(*args, **kwargs):
+        out = real_empty(*args, **kwargs)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    monkeypatch.setattr(torch, "empty", nan_empty)
+    cache = model.new_cache(num_slots=3, max_len=64, initial_len=4)
+    short, long = [5, 6, 7], list(range(10, 30))
+    model.prefill(cache, [short, long], [0, 1])  # the long one grows the cache past 4
+    logits = model.decode(cache, torch.tensor([8, 30]), [3, 20], slots=[0, 1])
+    assert torch.isfinite(logits).all()

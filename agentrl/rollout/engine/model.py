@@ -181,9 +181,11 @@ class KVCache:
         new_cap = min(self.max_len, max(length, 2 * self.capacity))
         layers, slots, heads, dim = self._shape
         shape = (layers, slots, new_cap, heads, dim)
-        # torch.empty leaves pages untouched, so unused capacity costs no resident memory on CPU.
-        k = torch.empty(shape, device=self.k.device, dtype=self.k.dtype)
-        v = torch.empty(shape, device=self.v.device, dtype=self.v.dtype)
+        # Zeros, not torch.empty: a decode step attends over every slot up to the batch's longest
+        # sequence with masked-out positions weighted 0, and 0 x NaN is NaN - uninitialised
+        # memory there (NaN bit patterns happen) turned whole logit rows into NaN.
+        k = torch.zeros(shape, device=self.k.device, dtype=self.k.dtype)
+        v = torch.zeros(shape, device=self.v.device, dtype=self.v.dtype)
         if self.capacity:
             with torch.inference_mode():
                 k[:, :, : self.capacity] = self.k
