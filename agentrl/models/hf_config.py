@@ -5,10 +5,12 @@ trainer ``ConfigError`` for the same unsupported field."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-__all__ = ["architecture", "check_supported", "rope_theta"]
+__all__ = ["architecture", "check_supported", "read_safetensors", "rope_theta"]
 
 
 def check_supported(raw: Mapping[str, Any], supported: tuple[str, ...], who: str,
@@ -71,3 +73,29 @@ def rope_theta(raw: Mapping[str, Any], error: type[Exception]) -> float:
             raise error(f"config field 'rope_scaling' has type {kind!r}; only the "
                         "default rotary embedding is supported")  # fmt: skip
     return float(raw.get("rope_theta", 10000.0))
+
+
+def read_safetensors(root: str | Path, error: type[Exception]) -> dict[str, Any]:
+    """Every tensor of a Hugging Face model directory (sharded or not), on the CPU.
+
+    Raises:
+        error: No weights, or an index naming shards that are not there.
+    """
+    from safetensors.torch import load_file
+
+    root = Path(root)
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [root / name for name in names]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise error(f"{index} names shards that do not exist: {missing}")
+    else:
+        files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise error(f"no *.safetensors weights in {root}")
+    tensors: dict[str, Any] = {}
+    for file in files:
+        tensors.update(load_file(str(file), device="cpu"))
+    return tensors

@@ -277,8 +277,6 @@ class MegatronActor:
     def _step(self, batch: TrainBatch, rows: list[int], advantages: torch.Tensor,
               old: torch.Tensor | None, ref: torch.Tensor | None) -> dict[str, float]:  # fmt: skip
         """One optimizer step over ``rows`` of ``batch``."""
-        from megatron.core.distributed import finalize_model_grads
-
         c = self.config
         step_batch = batch.select(rows)
         mask = step_batch.mask
@@ -319,14 +317,9 @@ class MegatronActor:
                 sums[key] = sums.get(key, 0.0) + float(value)
             diff = ((logp.detach() - part.rollout_logprobs.to(logp.device)).abs() * m).sum()
             logprob_diff += float(diff)
-        finalize_model_grads([self.ddp])
-        success, grad_norm, _ = self.optimizer.step()
-        if not success:
-            raise RuntimeError("the optimizer step was skipped (non-finite gradients)")
-        self.scheduler.step(increment=1)
+        sums["grad_norm"] = _apply_step(self.ddp, self.optimizer, self.scheduler)
         self.step += 1
         tokens = max(float(mask.sum()), 1.0)
-        sums["grad_norm"] = float(grad_norm) if grad_norm is not None else math.nan
         sums["lr"] = float(self.optimizer.param_groups[0]["lr"])
         sums["logprob_abs_diff"] = logprob_diff / tokens
         return sums
@@ -334,8 +327,6 @@ class MegatronActor:
     def _sft_step(self, batch: TrainBatch, rows: list[int]) -> dict[str, float]:
         """One supervised step: the negative log-likelihood of the mask-1 (assistant) tokens, at
         temperature 1, aggregated as ``--loss-aggregation`` says."""
-        from megatron.core.distributed import finalize_model_grads
-
         c = self.config
         step_batch = batch.select(rows)
         denominator = self._denominator(step_batch.mask)
@@ -353,20 +344,14 @@ class MegatronActor:
                               denominator=denominator)  # fmt: skip
             loss.backward()
             total += float(loss.detach())
-        finalize_model_grads([self.ddp])
-        success, grad_norm, _ = self.optimizer.step()
-        if not success:
-            raise RuntimeError("the optimizer step was skipped (non-finite gradients)")
-        self.scheduler.step(increment=1)
+        grad_norm = _apply_step(self.ddp, self.optimizer, self.scheduler)
         self.step += 1
-        return {"sft_loss": total, "grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
+        return {"sft_loss": total, "grad_norm": grad_norm,
                 "lr": float(self.optimizer.param_groups[0]["lr"])}  # fmt: skip
 
     def _critic_step(self, batch: TrainBatch, rows: list[int], old_values: torch.Tensor,
                      returns: torch.Tensor) -> dict[str, float]:  # fmt: skip
         """One critic step over ``rows``: the clipped value loss against the GAE returns."""
-        from megatron.core.distributed import finalize_model_grads
-
         c = self.config
         assert self.critic is not None
         step_batch = batch.select(rows)
@@ -389,12 +374,8 @@ class MegatronActor:
             loss.backward()
             for key, value in parts.items():
                 sums[key] = sums.get(key, 0.0) + float(value)
-        finalize_model_grads([self.critic_ddp])
-        success, grad_norm, _ = self.critic_optimizer.step()
-        if not success:
-            raise RuntimeError("the critic's optimizer step was skipped (non-finite gradients)")
-        self.critic_scheduler.step(increment=1)
-        sums["critic_grad_norm"] = float(grad_norm) if grad_norm is not None else math.nan
+        sums["critic_grad_norm"] = _apply_step(self.critic_ddp, self.critic_optimizer,
+                                               self.critic_scheduler)  # fmt: skip
         return sums
 
     def _denominator(self, mask: torch.Tensor) -> float:
@@ -475,3 +456,20 @@ class MegatronActor:
         self.step = int(state["step"])
         torch.set_rng_state(state["rng"])
         return dict(state.get("extra", {}))
+
+
+def _apply_step(ddp: Any, optimizer: Any, scheduler: Any) -> float:
+    """Reduces gradients over data-parallel ranks, steps the optimizer and the learning-rate
+    schedule; returns the gradient norm (before clipping).
+
+    Raises:
+        RuntimeError: The optimizer skipped the step (non-finite gradients).
+    """
+    from megatron.core.distributed import finalize_model_grads
+
+    finalize_model_grads([ddp])
+    success, grad_norm, _ = optimizer.step()
+    if not success:
+        raise RuntimeError("the optimizer step was skipped (non-finite gradients)")
+    scheduler.step(increment=1)
+    return float(grad_norm) if grad_norm is not None else math.nan

@@ -59,7 +59,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from agentrl.errors import AgentRLError, ConfigError
-from agentrl.models.hf_config import architecture, check_supported
+from agentrl.models.hf_config import architecture, check_supported, read_safetensors
 from agentrl.trainer.megatron_compat import apply_cpu_compat
 from agentrl.trainer.vocab_parallel import vocab_parallel_entropy, vocab_parallel_logprobs
 
@@ -514,25 +514,9 @@ def read_hf_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     Raises:
         WeightMappingError: No safetensors file, or a shard the index names is missing.
     """
-    from safetensors.torch import load_file
 
     root = Path(path)
-    index = root / "model.safetensors.index.json"
-    if index.is_file():
-        files = [
-            root / n for n in sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        ]
-        missing = [str(f) for f in files if not f.is_file()]
-        if missing:
-            raise WeightMappingError(f"{index} names shards that do not exist: {missing}")
-    else:
-        files = sorted(root.glob("*.safetensors"))
-    if not files:
-        raise WeightMappingError(f"no *.safetensors weights in {root}")
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        tensors.update(load_file(str(file), device="cpu"))
-    return tensors
+    return read_safetensors(root, WeightMappingError)
 
 
 def _tp_rank_and_size() -> tuple[int, int]:

@@ -27,10 +27,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
 from agentrl.errors import EngineError
-from agentrl.models.hf_config import architecture, check_supported
+from agentrl.models.hf_config import architecture, check_supported, read_safetensors
 
 __all__ = ["DecoderConfig", "DecoderModel", "KVCache", "read_checkpoint"]
 
@@ -135,21 +134,7 @@ def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
         EngineError: The directory holds no safetensors file or a shard is missing.
     """
     root = Path(path)
-    index = root / "model.safetensors.index.json"
-    if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [root / name for name in names]
-        missing = [str(f) for f in files if not f.is_file()]
-        if missing:
-            raise EngineError(f"{index} names shards that do not exist: {missing}")
-    else:
-        files = sorted(root.glob("*.safetensors"))
-    if not files:
-        raise EngineError(f"no *.safetensors weights in {root}")
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        tensors.update(load_file(str(file), device="cpu"))
-    return tensors
+    return read_safetensors(root, EngineError)
 
 
 class KVCache:
