@@ -19,6 +19,7 @@ import sys
 from agentrl.errors import AgentRLError
 from agentrl.models import build_tiny_model
 from agentrl.orchestration.cluster import TrainerGroup, start_ray
+from agentrl.orchestration.engines import serve_policy
 from agentrl.orchestration.run import (
     RunLog,
     checkpoint_folder,
@@ -26,13 +27,8 @@ from agentrl.orchestration.run import (
     mark_latest,
     parse_args,
 )
-from agentrl.rollout import (
-    RolloutRunner,
-    load_data_source,
-    load_policy_engine,
-    make_rollout_context,
-    run_evaluation,
-)
+from agentrl.orchestration.weights import push_weights
+from agentrl.rollout import RolloutRunner, load_data_source, make_rollout_context, run_evaluation
 from agentrl.rollout.demonstrations import DemoBatch, demonstrations
 
 
@@ -41,17 +37,12 @@ async def main(argv: list[str]) -> None:
     rollout, trainer, run = args.rollout, args.trainer, args.run
     steps = trainer.num_steps_per_rollout
     log = RunLog.from_config(run, wandb_config=vars(args.namespace))
+    data = load_data_source(rollout)  # the prompts: read (and checked) before anything heavy starts
 
-    # the policy, served for rollouts, and the data it plays
-    engine = load_policy_engine(rollout, max_batch_size=rollout.rollout_concurrency)
-    ctx = make_rollout_context(rollout, engine, engine.tokenizer)
-    data = load_data_source(rollout)
-    runner = RolloutRunner.from_args(ctx, data)
-
-    # the same weights, trained with Megatron: one Ray actor per rank (or in this process)
+    # the policy, trained with Megatron: one Ray actor per rank (or in this process)
     checkpoint = rollout.hf_checkpoint or build_tiny_model()
     actor_kwargs = {"hf_checkpoint": checkpoint, "rollout_temperature": rollout.rollout_temperature,
-                    "total_steps": run.num_rollout * steps, "pad_id": engine.tokenizer.pad_token_id or 0}
+                    "total_steps": run.num_rollout * steps}
     if args.cluster.use_ray:
         start_ray(args.cluster)
         actor = TrainerGroup(args.cluster, trainer, **actor_kwargs)
@@ -59,12 +50,17 @@ async def main(argv: list[str]) -> None:
         from agentrl.trainer.actor import MegatronActor
 
         actor = MegatronActor(trainer, **actor_kwargs)
+
+    # the same weights, served for rollouts (in this process, or engine actors)
+    engine = await serve_policy(rollout, args.cluster, checkpoint, trainer=actor)
+    ctx = make_rollout_context(rollout, engine, engine.tokenizer)
+    runner = RolloutRunner.from_args(ctx, data)
     start = 0
     if trainer.load:
         folder = latest_checkpoint(trainer.load)
         start = int(actor.load_checkpoint(folder).get("next_rollout", 0))
         data.load(folder / "data.json")
-        await engine.update_weights(state_dict=actor.hf_state_dict(), version=str(start))
+        await push_weights(actor, engine, version=str(start), mode=run.weight_sync, output_dir=run.output_dir)
         print(f"resumed from {folder} at rollout {start}")
 
     for rollout_id in range(start, run.num_rollout):
@@ -75,9 +71,12 @@ async def main(argv: list[str]) -> None:
             batch = DemoBatch(await demonstrations(ctx, groups))
         else:
             batch = await runner.generate(rollout_id)
+        if args.cluster.colocate:  # engines free their KV cache while the trainer shares the device
+            await engine.release_memory()
         train_metrics = actor.train(batch.samples)
         if (rollout_id + 1) % run.update_weights_interval == 0:
-            await engine.update_weights(state_dict=actor.hf_state_dict(), version=str(rollout_id + 1))
+            await push_weights(actor, engine, version=str(rollout_id + 1), mode=run.weight_sync,
+                               output_dir=run.output_dir)  # fmt: skip
         log.metrics(rollout_id, {**batch.metrics, **{f"train/{k}": v for k, v in train_metrics.items()}})
         if run.save_trajectories:
             log.samples(rollout_id, batch.samples)

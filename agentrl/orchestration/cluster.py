@@ -19,7 +19,10 @@ from typing import Any
 from agentrl.config import flag, option
 from agentrl.errors import ConfigError
 
-__all__ = ["ClusterConfig", "TrainerGroup", "start_ray"]
+__all__ = ["RAY_NAMESPACE", "ClusterConfig", "TrainerGroup", "start_ray"]
+
+RAY_NAMESPACE = "agentrl"
+"""The Ray namespace of a run's named actors (engines: ``agentrl-engine-<driver pid>-<i>.<n>``)."""
 
 
 @dataclasses.dataclass
@@ -33,10 +36,36 @@ class ClusterConfig:
     actor_num_gpus_per_node: int = option(1, "trainer ranks per node: GPUs, or CPU processes on a "
                                           "machine without GPUs")
     cpus_per_rank: int = option(1, "CPUs reserved per trainer rank")
+    rollout_num_gpus: int = option(0, "devices for the policy engines, one engine per "
+                                   "--rollout-num-gpus-per-engine, each a Ray actor (CPU processes "
+                                   "on a machine without GPUs); 0: one embedded engine in the "
+                                   "driver process (with --colocate: one engine per trainer rank)")
+    rollout_num_gpus_per_engine: int = option(1, "devices per engine (tensor parallel size of an "
+                                              "engine)")
+    colocate: bool = option(False, "engines share the trainer's devices (its placement-group "
+                            "bundles) and free their KV cache while it trains")
+    use_fault_tolerance: bool = option(False, "health-check the engines, restart a dead one and "
+                                       "retry its in-flight requests on a live one")
+    rollout_health_check_interval: float = option(10.0, "seconds between engine health checks "
+                                                  "(with --use-fault-tolerance)")
+    rollout_health_check_timeout: float = option(30.0, "seconds an engine may take to answer a "
+                                                 "health check before it is restarted")
 
     @property
     def world_size(self) -> int:
         return self.actor_num_nodes * self.actor_num_gpus_per_node
+
+    @property
+    def engine_actors(self) -> bool:
+        """Whether the engines run as Ray actors (else one embedded engine in the driver)."""
+        return self.colocate or self.rollout_num_gpus > 0
+
+    @property
+    def num_engines(self) -> int:
+        if not self.engine_actors:
+            return 1
+        gpus = self.rollout_num_gpus or self.world_size  # --colocate without a count
+        return gpus // self.rollout_num_gpus_per_engine
 
     def validate(self, tensor_parallel: int = 1) -> None:
         """Raises ConfigError naming the flag when the ranks cannot host the model parallelism."""
@@ -50,6 +79,27 @@ class ClusterConfig:
         if not self.use_ray and self.world_size > 1:
             raise ConfigError("--no-use-ray runs one trainer rank in this process: drop it, or use "
                               "--actor-num-nodes 1 --actor-num-gpus-per-node 1")
+        if self.rollout_num_gpus < 0:
+            raise ConfigError(f"--rollout-num-gpus must be >= 0, got {self.rollout_num_gpus}")
+        if self.rollout_num_gpus_per_engine != 1:
+            raise ConfigError(
+                f"--rollout-num-gpus-per-engine {self.rollout_num_gpus_per_engine}: the embedded "
+                "engine serves one device per engine; tensor-parallel engines need the SGLang "
+                "backend")
+        if not self.use_ray and self.engine_actors:
+            raise ConfigError("--rollout-num-gpus / --colocate place engines as Ray actors: drop "
+                              "--no-use-ray")
+        if self.colocate and self.rollout_num_gpus not in (0, self.world_size):
+            raise ConfigError(
+                f"--colocate puts one engine on each trainer device: --rollout-num-gpus must be "
+                f"{self.world_size} (--actor-num-nodes x --actor-num-gpus-per-node) or unset, got "
+                f"{self.rollout_num_gpus}")
+        if self.use_fault_tolerance and not self.engine_actors:
+            raise ConfigError("--use-fault-tolerance restarts engine actors: add --rollout-num-gpus "
+                              "N (or --colocate); the default engine lives in the driver process")
+        for name in ("rollout_health_check_interval", "rollout_health_check_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{flag(name)} must be > 0, got {getattr(self, name)}")
 
 
 def start_ray(config: ClusterConfig) -> None:
@@ -59,10 +109,12 @@ def start_ray(config: ClusterConfig) -> None:
     if ray.is_initialized():
         return
     if config.ray_address:
-        ray.init(address=config.ray_address, log_to_driver=True)
+        ray.init(address=config.ray_address, namespace=RAY_NAMESPACE, log_to_driver=True)
         return
-    ray.init(num_cpus=max(os.cpu_count() or 1, config.world_size * config.cpus_per_rank),
-             object_store_memory=256 * 2**20, include_dashboard=False, log_to_driver=False)  # fmt: skip
+    engines = config.num_engines if config.engine_actors and not config.colocate else 0
+    ray.init(num_cpus=max(os.cpu_count() or 1, config.world_size * config.cpus_per_rank + engines),
+             object_store_memory=256 * 2**20, include_dashboard=False, log_to_driver=False,
+             namespace=RAY_NAMESPACE)  # fmt: skip
 
 
 class _TrainerRank:
@@ -115,13 +167,14 @@ class TrainerGroup:
         self.cluster = cluster
         gpus = 1 if torch.cuda.is_available() else 0
         bundle = {"CPU": cluster.cpus_per_rank, **({"GPU": gpus} if gpus else {})}
+        share = 0.5 if cluster.colocate else 1.0  # colocated: an engine takes the other half
         self.placement = placement_group([dict(bundle) for _ in range(cluster.world_size)],
                                          strategy="PACK")  # fmt: skip
         ray.get(self.placement.ready(), timeout=300)
         remote = ray.remote(_TrainerRank)
         self.ranks = [
             remote.options(
-                num_cpus=cluster.cpus_per_rank, num_gpus=gpus,
+                num_cpus=cluster.cpus_per_rank * share, num_gpus=gpus * share,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self.placement, placement_group_bundle_index=rank),
             ).remote()
@@ -147,6 +200,16 @@ class TrainerGroup:
 
     def hf_state_dict(self) -> dict[str, Any]:
         return self._all("hf_state_dict")
+
+    def hf_state_dict_ref(self) -> Any:
+        """Like :meth:`hf_state_dict`, but rank 0's answer stays in Ray's object store: the
+        ``ObjectRef`` goes to the engine actors without a copy through the driver."""
+        import ray
+
+        refs = [r.call.remote("hf_state_dict") for r in self.ranks]
+        ray.get(refs[1:])  # the other ranks answer None once the gather is done; raises their errors
+        ray.wait(refs[:1], fetch_local=False)
+        return refs[0]
 
     def save_checkpoint(self, directory: str | Path, extra: dict[str, Any] | None = None) -> None:
         self._all("save_checkpoint", str(directory), extra)

@@ -36,6 +36,10 @@ class RunConfig:
 
     num_rollout: int = option(3, "rollout -> train iterations")
     update_weights_interval: int = option(1, "push trainer weights to the engine every N rollouts")
+    weight_sync: str = option("tensor", "how weights reach the engines: tensor (in memory; Ray's "
+                              "shared-memory object store for engine actors) or disk (a Hugging "
+                              "Face directory under <output-dir>/weights)",
+                              choices=("tensor", "disk"))
     eval_interval: int | None = option(None, "evaluate every N rollouts (and before the first)")
     output_dir: str = option("runs/latest", "where metrics, trajectories and checkpoints go")
     save_trajectories: bool = option(True, "write each rollout's samples as JSONL")

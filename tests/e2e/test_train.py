@@ -101,3 +101,84 @@ def test_resumed_run_equals_an_uninterrupted_one(tmp_path):
         resumed_tokens = (tmp_path / "resumed" / "trajectories" / f"rollout_{rollout_id:05d}.jsonl").read_text()
         assert [json.loads(x)["tokens"] for x in whole_tokens.splitlines()] == \
             [json.loads(x)["tokens"] for x in resumed_tokens.splitlines()]
+
+
+def test_engine_actors_colocated_and_with_weights_on_disk(tmp_path):
+    disk = train(*TINY_RUN, "--num-rollout", "2", "--rollout-num-gpus", "2", "--weight-sync", "disk",
+                 "--output-dir", str(tmp_path / "disk"), cwd=tmp_path)  # fmt: skip
+    assert disk.returncode == 0, disk.stderr[-3000:]
+    assert [p.name for p in (tmp_path / "disk" / "weights").iterdir()] == ["v2"]  # older ones pruned
+    second = (tmp_path / "disk" / "trajectories" / "rollout_00001.jsonl").read_text().splitlines()
+    assert {json.loads(line)["weight_version"] for line in second} == {"1"}
+
+    colocated = train(*TINY_RUN, "--num-rollout", "2", "--colocate", "--output-dir",
+                      str(tmp_path / "colocated"), cwd=tmp_path)  # fmt: skip
+    assert colocated.returncode == 0, colocated.stderr[-3000:]
+    metrics = (tmp_path / "colocated" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(m)["rollout/samples"] for m in metrics] == [4, 4]
+
+    bad = train(*TINY_RUN, "--use-fault-tolerance", cwd=tmp_path)
+    assert bad.returncode == 2 and "--use-fault-tolerance" in bad.stderr and "--rollout-num-gpus" in bad.stderr
+
+
+KILL_ENGINE_0 = """
+import sys, time
+import ray
+from agentrl.orchestration.engines import engine_actor_name
+ray.init(address=sys.argv[1], namespace="agentrl")
+deadline = time.monotonic() + 300
+while time.monotonic() < deadline:
+    try:
+        victim = ray.get_actor(engine_actor_name(int(sys.argv[2]), 0))
+        break
+    except ValueError:
+        time.sleep(0.2)
+ray.get(victim.info.remote(), timeout=120)  # up: the run starts rollout 0 right away
+ray.kill(victim, no_restart=True)
+"""
+
+
+def test_engine_killed_mid_run_on_a_joined_ray_cluster(tmp_path):
+    """train.py joins a running Ray cluster (--ray-address); an engine actor is killed from outside
+    during rollout 0; with --use-fault-tolerance every rollout still has every sample once."""
+    import os
+    import secrets
+    import signal
+
+    from tests.support.distributed import free_port
+
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    # a cluster started with `ray start` needs a shared token (Ray >= 2.59 authenticates by default)
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16),
+           "PYTHONPATH": str(REPO)}  # fmt: skip
+    ray_bin = Path(sys.executable).with_name("ray")
+    head = subprocess.Popen([str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=4",
+                             "--include-dashboard=false", "--disable-usage-stats"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+    run = killer = None
+    try:
+        out = tmp_path / "run"
+        run = subprocess.Popen([sys.executable, str(REPO / "train.py"), *TINY_RUN, "--num-rollout", "2",
+                                "--rollout-batch-size", "4", "--rollout-max-response-len", "32",
+                                "--rollout-num-gpus", "2", "--use-fault-tolerance",
+                                "--rollout-health-check-interval", "1", "--ray-address", address,
+                                "--output-dir", str(out)], env=env,
+                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        killer = subprocess.run([sys.executable, "-c", KILL_ENGINE_0, address, str(run.pid)], env=env,
+                                capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert killer.returncode == 0, killer.stderr[-3000:]
+        stdout, stderr = run.communicate(timeout=600)
+        assert run.returncode == 0, stderr[-3000:]
+        assert "engine 0 lost" in stderr  # (the restart itself is tested in test_engine_group.py)
+        for rollout in ("rollout_00000", "rollout_00001"):
+            lines = (out / "trajectories" / f"{rollout}.jsonl").read_text().splitlines()
+            keys = [(json.loads(x)["group_id"], json.loads(x)["index"]) for x in lines]
+            assert len(keys) == 8 and len(set(keys)) == 8
+    finally:
+        if run is not None and run.poll() is None:
+            run.kill()
+            run.wait()
+        os.killpg(head.pid, signal.SIGTERM)  # ray start and the GCS / raylet it started
+        head.wait(timeout=60)

@@ -42,7 +42,7 @@ from agentrl.errors import EngineError
 from agentrl.rollout.engine.base import Engine, FinishReason, GenerateOutput, SamplingParams
 from agentrl.rollout.engine.model import DecoderModel, read_checkpoint
 
-__all__ = ["EmbeddedEngine"]
+__all__ = ["EmbeddedEngine", "load_tokenizer"]
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ class EmbeddedEngine(Engine):
             value = json.loads(gen_config.read_text()).get("eos_token_id")
             eos.update([value] if isinstance(value, int) else (value or []))
         return cls(
-            model, tokenizer=_load_tokenizer(root), max_batch_size=max_batch_size,
+            model, tokenizer=load_tokenizer(root), max_batch_size=max_batch_size,
             max_context_len=max_context_len, seed=seed, weight_version=weight_version,
             eos_token_ids=sorted(eos),
         )  # fmt: skip
@@ -279,6 +279,29 @@ class EmbeddedEngine(Engine):
         """True while the scheduler runs, the engine is open and not paused."""
         return (not self._closed and self._error is None and self._thread.is_alive()
                 and not self._paused)  # fmt: skip
+
+    @property
+    def alive(self) -> bool:
+        """True while the scheduler thread runs and has not failed (paused or not): the liveness
+        a supervisor restarts on, where :meth:`health` also says whether it serves right now."""
+        return not self._closed and self._error is None and self._thread.is_alive()
+
+    async def release_memory(self) -> None:
+        """Frees the KV cache while the engine is idle (a colocated trainer needs the memory);
+        the next request allocates it again. SGLang's ``release_memory_occupation`` keeps the
+        same precondition: nothing in flight.
+
+        Raises:
+            EngineError: Requests are in flight or waiting.
+        """
+
+        def apply() -> None:
+            if self._active or self._waiting:
+                raise EngineError(f"release_memory needs an idle engine: {len(self._active)} "
+                                  f"requests decoding, {len(self._waiting)} waiting")  # fmt: skip
+            self._cache.release()
+
+        await self._call(apply)
 
     async def close(self) -> None:
         """Aborts what is in flight and stops the scheduler thread. Safe to call twice."""
@@ -587,8 +610,9 @@ class EmbeddedEngine(Engine):
         return values
 
 
-def _load_tokenizer(root: Path) -> Any | None:
+def load_tokenizer(root: str | Path) -> Any | None:
     """The directory's Hugging Face tokenizer, or None when it has none."""
+    root = Path(root)
     if not ((root / "tokenizer.json").is_file() or (root / "tokenizer_config.json").is_file()):
         return None
     from transformers import AutoTokenizer

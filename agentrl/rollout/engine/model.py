@@ -177,6 +177,12 @@ class KVCache:
                 v[:, :, : self.capacity] = self.v
         self.k, self.v, self.capacity = k, v, new_cap
 
+    def release(self) -> None:
+        """Frees the storage; the next :meth:`ensure_capacity` allocates it again."""
+        self.k = self.k.new_empty(0)
+        self.v = self.v.new_empty(0)
+        self.capacity = 0
+
     def move_slot(self, src: int, dst: int, length: int) -> None:
         """Copies the first ``length`` positions of slot ``src`` into slot ``dst``."""
         with torch.inference_mode():

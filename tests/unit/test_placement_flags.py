@@ -1,0 +1,43 @@
+"""Placement flags (engines as actors, --colocate, fault tolerance) and episode routing keys."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.errors import ConfigError
+from agentrl.orchestration.cluster import ClusterConfig
+from agentrl.orchestration.engines import episode_key
+
+
+def test_episode_key_drops_only_a_turn_suffix():
+    assert episode_key("r3-g7-s1-t2") == "r3-g7-s1"
+    assert episode_key("r3-g7-s1-t12") == "r3-g7-s1"
+    assert episode_key("custom-tag") == "custom-tag"  # no -t<digits>: the rid is its own episode
+    assert episode_key("a-tx") == "a-tx"
+    assert episode_key(None) is None
+
+
+def test_engine_counts():
+    assert not ClusterConfig().engine_actors and ClusterConfig().num_engines == 1
+    assert ClusterConfig(rollout_num_gpus=3).num_engines == 3
+    colocated = ClusterConfig(colocate=True, actor_num_gpus_per_node=2)
+    assert colocated.engine_actors and colocated.num_engines == 2
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    ({"rollout_num_gpus": -1}, "--rollout-num-gpus must be >= 0"),
+    ({"rollout_num_gpus": 2, "rollout_num_gpus_per_engine": 2}, "--rollout-num-gpus-per-engine 2"),
+    ({"rollout_num_gpus": 2, "use_ray": False}, "drop --no-use-ray"),
+    ({"colocate": True, "rollout_num_gpus": 3}, "--rollout-num-gpus must be 1"),
+    ({"use_fault_tolerance": True}, "--use-fault-tolerance restarts engine actors"),
+    ({"rollout_num_gpus": 1, "rollout_health_check_interval": 0}, "--rollout-health-check-interval"),
+])  # fmt: skip
+def test_impossible_placements_name_the_flag(flags, message):
+    with pytest.raises(ConfigError, match=message):
+        ClusterConfig(**flags).validate()
+
+
+def test_possible_placements_validate():
+    ClusterConfig(colocate=True, use_fault_tolerance=True).validate()
+    ClusterConfig(rollout_num_gpus=4, use_fault_tolerance=True).validate()
+    ClusterConfig(colocate=True, rollout_num_gpus=2, actor_num_gpus_per_node=2).validate()
