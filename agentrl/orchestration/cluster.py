@@ -112,9 +112,10 @@ def start_ray(config: ClusterConfig) -> None:
         ray.init(address=config.ray_address, namespace=RAY_NAMESPACE, log_to_driver=True)
         return
     engines = config.num_engines if config.engine_actors and not config.colocate else 0
-    ray.init(num_cpus=max(os.cpu_count() or 1, config.world_size * config.cpus_per_rank + engines),
-             object_store_memory=256 * 2**20, include_dashboard=False, log_to_driver=False,
-             namespace=RAY_NAMESPACE)  # fmt: skip
+    cpus = max(os.cpu_count() or 1, config.world_size * config.cpus_per_rank + engines)
+    # "local": a new instance even if `ray start` left a cluster address on this machine
+    ray.init(address="local", num_cpus=cpus, object_store_memory=256 * 2**20,
+             include_dashboard=False, log_to_driver=False, namespace=RAY_NAMESPACE)  # fmt: skip
 
 
 class _TrainerRank:
