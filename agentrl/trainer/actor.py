@@ -98,6 +98,10 @@ class MegatronActor:
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         init_model_parallel(config.tensor_model_parallel_size, 1, seed=config.seed)
         torch.manual_seed(config.seed)
+        from megatron.core import parallel_state
+
+        self.dp_rank = parallel_state.get_data_parallel_rank()
+        self.dp_size = parallel_state.get_data_parallel_world_size()
 
         flags = {**dataclasses.asdict(config), **dict(model_overrides or {})}
         source = read_hf_config(hf_checkpoint) if hf_checkpoint is not None else None
@@ -286,7 +290,7 @@ class MegatronActor:
         self.optimizer.zero_grad()
         sums: dict[str, float] = {}
         logprob_diff = 0.0
-        for micro in self._micro(step_batch):
+        for micro in self._my_micro_batches(step_batch):
             part = step_batch.select(micro)
             width = part.mask.shape[1]
             index = [rows[i] for i in micro]
@@ -312,16 +316,18 @@ class MegatronActor:
                 ratio="sequence" if c.advantage_estimator == "gspo" else "token",
                 tis_weights=weights, aggregation=c.loss_aggregation, denominator=denominator,
             )  # fmt: skip
-            loss.backward()
+            (loss * self.dp_size).backward()  # data-parallel gradients are averaged, not summed
             for key, value in parts.items():
                 sums[key] = sums.get(key, 0.0) + float(value)
             diff = ((logp.detach() - part.rollout_logprobs.to(logp.device)).abs() * m).sum()
             logprob_diff += float(diff)
+        sums["logprob_abs_diff"] = logprob_diff
+        sums = self._sum_over_data_parallel(sums)
         sums["grad_norm"] = _apply_step(self.ddp, self.optimizer, self.scheduler)
         self.step += 1
         tokens = max(float(mask.sum()), 1.0)
         sums["lr"] = float(self.optimizer.param_groups[0]["lr"])
-        sums["logprob_abs_diff"] = logprob_diff / tokens
+        sums["logprob_abs_diff"] /= tokens
         return sums
 
     def _sft_step(self, batch: TrainBatch, rows: list[int]) -> dict[str, float]:
@@ -334,7 +340,7 @@ class MegatronActor:
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
         total = 0.0
-        for micro in self._micro(step_batch):
+        for micro in self._my_micro_batches(step_batch):
             part = step_batch.select(micro)
             logits = self._forward(self.model, part)
             logp = vocab_parallel_logprobs(logits[:, :-1], part.tokens[:, 1:].to(self.device),
@@ -342,8 +348,9 @@ class MegatronActor:
                                            chunk_size=LOGPROB_CHUNK).float()  # fmt: skip
             loss = -aggregate(logp, part.mask.to(logp.device), c.loss_aggregation,
                               denominator=denominator)  # fmt: skip
-            loss.backward()
+            (loss * self.dp_size).backward()
             total += float(loss.detach())
+        total = self._sum_over_data_parallel({"sft_loss": total})["sft_loss"]
         grad_norm = _apply_step(self.ddp, self.optimizer, self.scheduler)
         self.step += 1
         return {"sft_loss": total, "grad_norm": grad_norm,
@@ -360,7 +367,7 @@ class MegatronActor:
         self.critic_ddp.zero_grad_buffer()
         self.critic_optimizer.zero_grad()
         sums: dict[str, float] = {}
-        for micro in self._micro(step_batch):
+        for micro in self._my_micro_batches(step_batch):
             part = step_batch.select(micro)
             width = part.mask.shape[1]
             index = [rows[i] for i in micro]
@@ -371,9 +378,10 @@ class MegatronActor:
                 returns[index, :width].to(predicted.device), m, value_clip=c.value_clip,
                 aggregation=c.loss_aggregation, denominator=denominator,
             )  # fmt: skip
-            loss.backward()
+            (loss * self.dp_size).backward()
             for key, value in parts.items():
                 sums[key] = sums.get(key, 0.0) + float(value)
+        sums = self._sum_over_data_parallel(sums)
         sums["critic_grad_norm"] = _apply_step(self.critic_ddp, self.critic_optimizer,
                                                self.critic_scheduler)  # fmt: skip
         return sums
@@ -382,6 +390,24 @@ class MegatronActor:
         if self.config.loss_aggregation == "token_mean":
             return max(float(mask.sum()), 1.0)
         return max(float((mask.sum(dim=1) > 0).sum()), 1.0)
+
+    def _my_micro_batches(self, batch: TrainBatch) -> list[list[int]]:
+        """This data-parallel replica's share of a step's micro-batches (round robin). Losses
+        are divided by the whole step's denominator, so the replicas' parts add up to the step's
+        loss; each backward is scaled by the replica count because Megatron's DDP averages
+        gradients over replicas."""
+        return self._micro(batch)[self.dp_rank :: self.dp_size]
+
+    def _sum_over_data_parallel(self, values: dict[str, float]) -> dict[str, float]:
+        """Adds up per-replica partial sums (loss parts, log-prob differences)."""
+        if self.dp_size == 1:
+            return values
+        from megatron.core import parallel_state
+
+        keys = sorted(values)
+        packed = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(packed, group=parallel_state.get_data_parallel_group())
+        return dict(zip(keys, packed.tolist(), strict=True))
 
     def _micro(self, batch: TrainBatch) -> list[list[int]]:
         lengths = batch.lengths.tolist()

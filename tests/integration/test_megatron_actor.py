@@ -235,3 +235,39 @@ def test_sft_loss_learns_the_demonstrations():
     assert losses[0] == pytest.approx(-float(before.mean()), rel=1e-4)  # NLL of the trained tokens
     assert losses[-1] < losses[0] - 0.5, losses  # nats per token
     assert torch.all(trained_logprobs(a, demos) > before)
+
+
+def _dp2_worker(rank: int, port: int, data: str, out: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    samples = [Sample.from_json(line) for line in Path(data).read_text().splitlines()]
+    a = actor(lr=1e-4, micro_batch_size=2, global_batch_size=4, num_steps_per_rollout=2)
+    assert (a.dp_rank, a.dp_size) == (rank, 2)
+    metrics = a.train(samples)
+    sft = actor(lr=1e-3, micro_batch_size=2, loss_type="sft_loss")
+    sft_metrics = sft.train(samples)
+    torch.save({"metrics": metrics, "after": a.logprobs(samples), "sft": sft_metrics,
+                "sft_after": sft.logprobs(samples)}, Path(out) / f"dp-rank{rank}.pt")  # fmt: skip
+
+
+def test_data_parallel_2_splits_the_batch_and_equals_1(samples, tmp_path):
+    """Two data-parallel replicas each run half of every step's micro-batches; the update, the
+    loss and every metric equal one replica running all of them."""
+    data = tmp_path / "samples.jsonl"
+    data.write_text("".join(s.to_json() + "\n" for s in samples))
+    spawn(_dp2_worker, (free_port(), str(data), str(tmp_path)))
+    single = actor(lr=1e-4, micro_batch_size=2, global_batch_size=4, num_steps_per_rollout=2)
+    metrics = single.train(samples)
+    after = single.logprobs(samples)
+    sft = actor(lr=1e-3, micro_batch_size=2, loss_type="sft_loss")
+    sft_metrics = sft.train(samples)
+    sft_after = sft.logprobs(samples)
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"dp-rank{rank}.pt")
+        for key in ("loss", "pg_loss", "entropy", "clip_fraction", "ppo_kl", "grad_norm",
+                    "logprob_abs_diff"):  # fmt: skip
+            assert got["metrics"][key] == pytest.approx(metrics[key], abs=1e-5, rel=1e-4), key
+        assert torch.allclose(got["after"], after, atol=1e-4)
+        for key in ("sft_loss", "grad_norm"):
+            assert got["sft"][key] == pytest.approx(sft_metrics[key], abs=1e-5, rel=1e-4), key
+        assert torch.allclose(got["sft_after"], sft_after, atol=1e-4)
