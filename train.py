@@ -36,7 +36,7 @@ async def main(argv: list[str]) -> None:
     args = parse_args(argv)
     rollout, trainer, run = args.rollout, args.trainer, args.run
     steps = trainer.num_steps_per_rollout
-    log = RunLog.from_config(run, wandb_config=vars(args.namespace))
+    log = RunLog.from_config(args)
     data = load_data_source(rollout)  # the prompts: read (and checked) before anything heavy starts
 
     # the policy, trained with Megatron: one Ray actor per rank (or in this process)
@@ -55,6 +55,8 @@ async def main(argv: list[str]) -> None:
     engine = await serve_policy(rollout, args.cluster, checkpoint, trainer=actor)
     ctx = make_rollout_context(rollout, engine, engine.tokenizer)
     runner = RolloutRunner.from_args(ctx, data)
+    runner.on_group_done = log.progress.group_done
+    save_root = trainer.save or f"{run.output_dir}/checkpoints"
     start = 0
     if trainer.load:
         folder = latest_checkpoint(trainer.load)
@@ -64,29 +66,35 @@ async def main(argv: list[str]) -> None:
         print(f"resumed from {folder} at rollout {start}")
 
     for rollout_id in range(start, run.num_rollout):
+        log.progress.rollout_started(rollout_id)
         if run.eval_interval and rollout_id % run.eval_interval == 0 and _has_eval(rollout):
-            log.eval(rollout_id, await run_evaluation(ctx, rollout_id))
-        if trainer.loss_type == "sft_loss":  # a supervised warm start on demonstrations
-            groups = data.get_samples(rollout.rollout_batch_size)
-            batch = DemoBatch(await demonstrations(ctx, groups))
-        else:
-            batch = await runner.generate(rollout_id)
-        if args.cluster.colocate:  # engines free their KV cache while the trainer shares the device
-            await engine.release_memory()
-        train_metrics = actor.train(batch.samples)
+            with log.stage("eval"):
+                log.eval(rollout_id, await run_evaluation(ctx, rollout_id))
+        with log.stage("rollout"):
+            if trainer.loss_type == "sft_loss":  # a supervised warm start on demonstrations
+                batch = DemoBatch(await demonstrations(ctx, data.get_samples(rollout.rollout_batch_size)))
+            else:
+                batch = await runner.generate(rollout_id)
+        with log.stage("train"):
+            if args.cluster.colocate:  # engines free their KV cache while the trainer shares the device
+                await engine.release_memory()
+            train_metrics = actor.train(batch.samples)
         if (rollout_id + 1) % run.update_weights_interval == 0:
-            await push_weights(actor, engine, version=str(rollout_id + 1), mode=run.weight_sync,
-                               output_dir=run.output_dir)  # fmt: skip
-        log.metrics(rollout_id, {**batch.metrics, **{f"train/{k}": v for k, v in train_metrics.items()}})
+            with log.stage("weight_sync"):
+                await push_weights(actor, engine, version=str(rollout_id + 1), mode=run.weight_sync,
+                                   output_dir=run.output_dir)  # fmt: skip
         if run.save_trajectories:
             log.samples(rollout_id, batch.samples)
-        if trainer.save and trainer.save_interval and (rollout_id + 1) % trainer.save_interval == 0:
-            folder = checkpoint_folder(trainer.save, rollout_id + 1)
-            actor.save_checkpoint(folder, extra={"next_rollout": rollout_id + 1})
-            data.save(folder / "data.json")
-            mark_latest(trainer.save, folder)
-        if trainer.save_hf and trainer.save_interval and (rollout_id + 1) % trainer.save_interval == 0:
-            actor.save_hf(f"{trainer.save_hf}/rollout_{rollout_id + 1:05d}", tokenizer_dir=checkpoint)
+        last = rollout_id + 1 == run.num_rollout  # the end of the run is always saved
+        if last or (trainer.save_interval and (rollout_id + 1) % trainer.save_interval == 0):
+            with log.stage("save"):
+                folder = checkpoint_folder(save_root, rollout_id + 1)
+                actor.save_checkpoint(folder, extra={"next_rollout": rollout_id + 1})
+                data.save(folder / "data.json")
+                mark_latest(save_root, folder)
+                if trainer.save_hf:
+                    actor.save_hf(f"{trainer.save_hf}/rollout_{rollout_id + 1:05d}", tokenizer_dir=checkpoint)
+        log.metrics(rollout_id, {**batch.metrics, **{f"train/{k}": v for k, v in train_metrics.items()}})
 
     if run.eval_interval and _has_eval(rollout):
         log.eval(run.num_rollout, await run_evaluation(ctx, run.num_rollout))
@@ -95,8 +103,8 @@ async def main(argv: list[str]) -> None:
     log.close()
     if isinstance(actor, TrainerGroup):
         actor.shutdown()
-    print(f"done: metrics {log.metrics_path}, trajectories {log.trajectories}"
-          + (f", checkpoints {trainer.save}" if trainer.save else ""))
+    print(f"done: metrics {log.metrics_path}, trajectories {log.trajectories}/, checkpoints "
+          f"{save_root}/ (continue with --load {save_root})")  # fmt: skip
 
 
 def _has_eval(rollout) -> bool:

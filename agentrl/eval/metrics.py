@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+SUCCESS_REWARD = 1.0 - 1e-9
+"""A sample or episode succeeded when its reward reaches this (1.0 on binary-reward tasks, with
+room for float noise): what success rates and pass@k count everywhere."""
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """The unbiased pass@k estimate for one task: ``1 - C(n-c, k) / C(n, k)``.

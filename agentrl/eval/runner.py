@@ -20,10 +20,9 @@ from typing import Any
 
 from agentrl.env import ToolEnv, make_env
 from agentrl.errors import AgentRLError
-from agentrl.eval.metrics import pass_at_k
+from agentrl.eval.metrics import SUCCESS_REWARD, pass_at_k
 
 Policy = Callable[[ToolEnv, Mapping[str, Any], Sequence[Mapping[str, Any]]], Any]
-SUCCESS_REWARD = 1.0 - 1e-9
 
 
 def scripted_policy(name: str) -> Policy:

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from agentrl.config import add_arguments, flag, from_namespace, option
 from agentrl.errors import ConfigError
 from agentrl.orchestration.cluster import ClusterConfig
+from agentrl.orchestration.progress import RunProgress
 from agentrl.orchestration.sinks import (
     WANDB_MODES,
     MetricsSink,
@@ -54,6 +56,7 @@ class RunConfig:
                              "to upload later with `wandb sync` (with --use-wandb)",
                              choices=WANDB_MODES)
     wandb_run_name: str | None = option(None, "the wandb run's name (default: one wandb picks)")
+    progress: bool = option(True, "progress bars on a terminal (episodes, train steps, stage)")
 
     def validate(self) -> None:
         for name in ("num_rollout", "update_weights_interval", "eval_interval", "dead_run_rollouts"):
@@ -111,7 +114,9 @@ class RunLog:
       (``use_tensorboard``).
     * ``wandb/``: a Weights & Biases run (``use_wandb``).
 
-    It also warns on stderr when ``dead_run_rollouts`` rollouts in a row had zero reward variance
+    :meth:`stage` times the loop's stages (``time/<stage>_s`` in the next metrics line) and
+    moves the progress display along (``progress``, see :class:`RunProgress`). It also warns on
+    stderr when ``dead_run_rollouts`` rollouts in a row had zero reward variance
     in every group (nothing is being learned). Call :meth:`close` at the end (or use it as a
     context manager); after that, only the JSONL files are written.
 
@@ -124,6 +129,7 @@ class RunLog:
         wandb_mode: ``"offline"`` or ``"online"``.
         wandb_run_name: The wandb run's name; wandb picks one when ``None``.
         wandb_config: Hyperparameters recorded with the wandb run (e.g. every flag).
+        progress: The terminal progress display, or ``None``.
 
     Raises:
         ConfigError: A requested backend is not installed; the message names the flag.
@@ -133,8 +139,11 @@ class RunLog:
                  use_tensorboard: bool = True, use_wandb: bool = False,
                  wandb_project: str = "agentrl", wandb_mode: str = "offline",
                  wandb_run_name: str | None = None,
-                 wandb_config: dict[str, Any] | None = None) -> None:  # fmt: skip
+                 wandb_config: dict[str, Any] | None = None,
+                 progress: RunProgress | None = None) -> None:  # fmt: skip
         self.dead_run_rollouts = dead_run_rollouts
+        self.progress = progress
+        self.stage_seconds: dict[str, float] = {}
         self.flat_rollouts = 0
         self.root = Path(output_dir)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -157,16 +166,37 @@ class RunLog:
             raise
 
     @classmethod
-    def from_config(cls, run: RunConfig, wandb_config: dict[str, Any] | None = None) -> RunLog:
-        """The log ``run``'s flags ask for; ``wandb_config`` is recorded with a wandb run."""
+    def from_config(cls, args: Args) -> RunLog:
+        """The log the flags ask for, with a progress display sized from them; every flag is
+        recorded with a wandb run."""
+        run, rollout, trainer = args.run, args.rollout, args.trainer
+        progress = RunProgress(run.num_rollout, rollout.rollout_batch_size * rollout.n_samples_per_prompt,
+                               trainer.num_steps_per_rollout, enabled=run.progress)  # fmt: skip
         return cls(run.output_dir, dead_run_rollouts=run.dead_run_rollouts,
                    use_tensorboard=run.use_tensorboard, use_wandb=run.use_wandb,
                    wandb_project=run.wandb_project, wandb_mode=run.wandb_mode,
-                   wandb_run_name=run.wandb_run_name, wandb_config=wandb_config)  # fmt: skip
+                   wandb_run_name=run.wandb_run_name, wandb_config=vars(args.namespace),
+                   progress=progress)  # fmt: skip
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Times one stage of the loop (summed if it runs twice before the next metrics line)."""
+        if self.progress is not None:
+            self.progress.stage(name)
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - started
+            self.stage_seconds[name] = self.stage_seconds.get(name, 0.0) + elapsed
 
     def metrics(self, rollout_id: int, values: dict[str, Any]) -> None:
         """Records one rollout's metrics: JSONL line, sinks (flushed), console summary, and the
         dead-run check."""
+        values = {**values, **{f"time/{k}_s": v for k, v in self.stage_seconds.items()}}
+        self.stage_seconds = {}
+        if self.progress is not None:
+            self.progress.trained(rollout_id)
         groups = values.get("rollout/groups", 0)
         flat = groups > 0 and values.get("rollout/zero_std_groups", 0) == groups
         self.flat_rollouts = self.flat_rollouts + 1 if flat else 0
@@ -230,6 +260,8 @@ class RunLog:
         sinks, self.sinks = self.sinks, []
         for sink in sinks:
             sink.close()
+        if self.progress is not None:
+            self.progress.close()
 
     def __enter__(self) -> RunLog:
         return self
@@ -242,7 +274,7 @@ class RunLog:
             sink.log(step, values)
 
 
-SHOWN = ("rollout_id", "elapsed_s", "rollout/reward_mean", "rollout/completed", "rollout/truncated",
+SHOWN = ("rollout_id", "elapsed_s", "rollout/reward_mean", "rollout/success_rate", "rollout/completed", "rollout/truncated",
          "rollout/failed", "rollout/turns_mean", "rollout/zero_std_groups", "train/loss", "train/sft_loss",
          "train/kl_loss", "train/entropy", "train/grad_norm", "train/train_tokens_per_s")  # fmt: skip
 EVAL_SHOWN = ("n_prompts", "n_samples", "pass@1", "mean_reward")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.env import make_env
-from agentrl.eval.metrics import pass_at_k
+from agentrl.eval.metrics import SUCCESS_REWARD, pass_at_k
 from agentrl.rollout.build import eval_context
 from agentrl.rollout.data import RolloutDataSource
 from agentrl.rollout.episode import RolloutContext
@@ -28,7 +28,6 @@ from agentrl.rollout.sample import Sample
 
 __all__ = ["EvalSet", "eval_sets_from_args", "run_evaluation", "summarize", "write_eval_results"]
 
-SUCCESS_REWARD = 1.0 - 1e-9
 DEFAULT_SEED_PROMPTS = 100
 """Prompts of an eval env that has no test split (it is evaluated on seeds 0..N-1)."""
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentrl.errors import PluginError
+from agentrl.eval.metrics import SUCCESS_REWARD
 from agentrl.plugins import load_plugin
 from agentrl.rollout.custom import load_custom_generate, run_custom_generate
 from agentrl.rollout.episode import Episode, RolloutContext
@@ -74,6 +75,8 @@ class RolloutRunner:
         self.custom_generate = custom_generate
         self.group_filter = group_filter
         self.suspended: dict[tuple[Any, int], Episode] = {}
+        self.on_group_done: Callable[[list[Sample]], None] | None = None
+        """Called with each group as it finishes (progress displays); kept or not."""
         self._semaphore = asyncio.Semaphore(getattr(ctx.args, "rollout_concurrency", 64))
 
     @classmethod
@@ -126,6 +129,8 @@ class RolloutRunner:
             surplus: list[list[Sample]] = []
             for task in done:
                 group = task.result()
+                if self.on_group_done is not None:
+                    self.on_group_done(group)
                 if len(kept) >= target:
                     surplus.append(group)
                 elif self._passes(group):
@@ -244,8 +249,21 @@ def _metrics(groups: list[list[Sample]], counts: collections.Counter[str], submi
         out[f"rollout/{status}"] = statuses.get(status, 0)
     for key, value in counts.items():
         out[f"rollout/{key}"] = value
-    tool_errors = sum(sum(s.metadata.get("tool_errors", {}).values()) for s in samples)
-    out["rollout/tool_errors"] = tool_errors
+    out["rollout/success_rate"] = (
+        sum(1 for r in rewards if r >= SUCCESS_REWARD) / len(samples) if samples else 0.0)
+    out["rollout/tool_calls"] = sum(len(t.tool_names) for s in samples for t in s.turns
+                                    if t.role == "assistant")  # fmt: skip
+    errors_by_kind: collections.Counter[str] = collections.Counter()
+    for sample in samples:
+        errors_by_kind.update(sample.metadata.get("tool_errors", {}))
+    out["rollout/tool_errors"] = sum(errors_by_kind.values())
+    for kind, count in sorted(errors_by_kind.items()):
+        out[f"rollout/tool_errors/{kind}"] = count
+    generated = sum(sum(s.loss_mask) for s in samples)
+    out["rollout/generated_tokens"] = generated
+    out["rollout/tokens_per_s"] = generated / wall_s if wall_s > 0 else 0.0
+    out["rollout/generate_busy_s"] = sum(t.generate_s for s in samples for t in s.turns)
+    out["rollout/tools_busy_s"] = sum(t.tools_s for s in samples for t in s.turns)
     zero_std = sum(1 for g in groups if len(g) > 1 and len({s.reward for s in g}) == 1)
     out["rollout/zero_std_groups"] = zero_std
     return out

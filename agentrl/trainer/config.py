@@ -71,10 +71,12 @@ class TrainerConfig:
     loss_aggregation: str = option("token_mean", "token_mean | seq_mean_token_mean | "
                                    "seq_mean_token_sum")
     # checkpoints
-    save: str | None = option(None, "checkpoint folder (Megatron distributed checkpoint)")
+    save: str | None = option(None, "checkpoint folder (Megatron distributed checkpoint; default "
+                              "<output-dir>/checkpoints)")
     load: str | None = option(None, "checkpoint folder to resume from")
-    save_interval: int | None = option(None, "save every N rollouts")
-    save_hf: str | None = option(None, "folder for Hugging Face exports (every --save-interval)")
+    save_interval: int | None = option(None, "save every N rollouts (the last rollout is always "
+                                       "saved)")
+    save_hf: str | None = option(None, "folder for Hugging Face exports (with each checkpoint)")
 
     def validate(self) -> None:
         """Raises ConfigError naming the first invalid flag and what to change."""
@@ -100,8 +102,8 @@ class TrainerConfig:
         if self.kl_coef and self.advantage_estimator in ("grpo", "gspo"):
             raise ConfigError("--kl-coef (KL in the reward) is for ppo / reinforce_plus_plus; "
                               "with grpo/gspo use --use-kl-loss --kl-loss-coef")
-        if self.save_interval is not None and self.save is None and self.save_hf is None:
-            raise ConfigError("--save-interval needs --save DIR and/or --save-hf DIR")
+        if self.save_interval is not None and self.save_interval < 1:
+            raise ConfigError(f"--save-interval must be >= 1, got {self.save_interval}")
 
 
 def steps_per_rollout(config: TrainerConfig, rollout_batch_size: int, n_samples_per_prompt: int) -> int:

@@ -69,9 +69,9 @@ def test_eval_writes_jsonl_and_scalars(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_no_tensorboard_writes_no_folder(tmp_path: Path) -> None:
-    run = parse_args([*ENV, "--no-use-tensorboard", "--output-dir", str(tmp_path)]).run
-    assert run.use_tensorboard is False
-    log = RunLog.from_config(run)
+    args = parse_args([*ENV, "--no-use-tensorboard", "--output-dir", str(tmp_path)])
+    assert args.run.use_tensorboard is False
+    log = RunLog.from_config(args)
     log.metrics(0, LEARNING)
     log.eval(0, EVAL["sets"])
     log.close()
@@ -172,3 +172,44 @@ def test_wandb_offline_run_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 def test_scalars_flattens_and_filters() -> None:
     assert scalars({"a": 1, "b": True, "c": "x", "d": None, "e": [1], "f": {"g": 2.5}},
                    prefix="p/") == {"p/a": 1.0, "p/b": 1.0, "p/f/g": 2.5}  # fmt: skip
+
+
+def test_stage_times_go_into_the_next_metrics_line(tmp_path: Path) -> None:
+    log = RunLog(tmp_path, use_tensorboard=False)
+    with log.stage("train"):
+        pass
+    with log.stage("train"):
+        pass
+    with log.stage("weight_sync"):
+        pass
+    log.metrics(0, LEARNING)
+    log.metrics(1, LEARNING)
+    first, second = (json.loads(x) for x in log.metrics_path.read_text().splitlines())
+    assert {"time/train_s", "time/weight_sync_s"} <= first.keys()
+    assert first["time/train_s"] >= 0 and "time/train_s" not in second
+
+
+def test_progress_counts_episodes_and_draws_bars(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from agentrl.orchestration.progress import RunProgress
+    from agentrl.rollout.sample import Sample
+
+    screen = io.StringIO()
+    progress = RunProgress(2, 4, 1, console=Console(file=screen, force_terminal=True, width=120))
+    progress.rollout_started(0)
+    progress.group_done([Sample(group_id=0, index=i, reward=float(i == 0)) for i in range(2)])
+    assert progress.success_rate == 0.5
+    progress.group_done([Sample(group_id=1, index=i, reward=1.0) for i in range(2)])
+    assert progress.success_rate == 0.75
+    progress.trained(0)
+    progress.close()  # draws the final state
+    drawn = screen.getvalue()
+    assert "rollout 0 episodes" in drawn and "4/4" in drawn and "success 0.75" in drawn
+    assert "train steps" in drawn and "1/2" in drawn
+    quiet = RunProgress(2, 4, 1, enabled=False)
+    quiet.group_done([Sample(group_id=0, index=0, reward=1.0)])
+    quiet.rollout_started(1)
+    assert quiet._bar is None and quiet.success_rate == 0.0
