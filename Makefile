@@ -28,10 +28,11 @@ system: setup
 	scripts/setup-system.sh
 
 # The main job on the embedded default: the built-in tiny model, the embedded engine and a
-# single-rank Megatron actor on CPU, playing calc episodes (a few minutes on 2 cores).
+# single-rank Megatron actor on CPU, playing swe-tools episodes in bubblewrap sandboxes (the
+# `auto` sandbox) - under 10 minutes on 2 cores.
 demo: setup
-	$(PY) train.py --env calc --num-rollout 3 --rollout-batch-size 4 --n-samples-per-prompt 4 \
-		--max-turns 3 --rollout-max-response-len 32 --output-dir runs/demo
+	scripts/setup-system.sh --bwrap-only
+	$(PY) train.py --env swe-tools --max-turns 5 --output-dir runs/demo
 
 test: setup system
 	$(PY) -m pytest

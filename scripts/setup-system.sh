@@ -7,8 +7,11 @@
 # Without root it changes nothing and says so: tests of a missing backend are then skipped,
 # each with its reason. A daemon that fails to start is reported (with its log) and its tests
 # are skipped with the daemon's error; that does not stop the other tests.
+# `--bwrap-only` (make demo) installs bubblewrap and its helpers and leaves Docker alone.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BWRAP_ONLY=0
+[ "${1:-}" = "--bwrap-only" ] && BWRAP_ONLY=1
 
 if [ "$(id -u)" != 0 ]; then
     echo "setup-system: not root; not installing bubblewrap/Docker (their tests skip with the reason)"
@@ -18,8 +21,10 @@ fi
 missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
 for tool in nsenter prlimit setpriv; do command -v "$tool" >/dev/null || { missing+=(util-linux); break; }; done
-command -v dockerd >/dev/null || missing+=(docker.io)
-command -v debootstrap >/dev/null || missing+=(debootstrap)
+if [ "$BWRAP_ONLY" = 0 ]; then
+    command -v dockerd >/dev/null || missing+=(docker.io)
+    command -v debootstrap >/dev/null || missing+=(debootstrap)
+fi
 [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import pytest' 2>/dev/null || missing+=(python3-pytest)
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "setup-system: installing ${missing[*]}"
@@ -28,6 +33,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
         || echo "setup-system: apt-get install ${missing[*]} failed; the affected tests will skip"
 fi
 
+[ "$BWRAP_ONLY" = 1 ] && exit 0
 if "$ROOT/scripts/dockerd.sh" start; then
     "$ROOT/scripts/build-base-image.sh" \
         || echo "setup-system: building the Docker base image failed; Docker tests will report it"

@@ -41,8 +41,8 @@ class RolloutConfig:
     data_source_path: str | None = option(None, "a RolloutDataSource subclass to use instead")
     buffer_filter_path: str | None = option(None, "buffer_filter(args, buffer, num_samples)")
     # batch shape
-    rollout_batch_size: int = option(32, "prompts (groups) per rollout")
-    n_samples_per_prompt: int = option(1, "samples per prompt (one group)")
+    rollout_batch_size: int = option(4, "prompts (groups) per rollout")
+    n_samples_per_prompt: int = option(4, "samples per prompt (one group; GRPO needs >= 2)")
     over_sampling_batch_size: int | None = option(None, "groups submitted at a time when "
                                                   "dynamic sampling filters groups out")
     dynamic_sampling_filter_path: str | None = option(
@@ -57,7 +57,7 @@ class RolloutConfig:
     # sampling
     rollout_max_context_len: int | None = option(None, "prompt + response tokens per sample "
                                                  "(default: the engine's context length)")
-    rollout_max_response_len: int = option(512, "new tokens per assistant turn at most")
+    rollout_max_response_len: int = option(256, "new tokens per assistant turn at most")
     rollout_temperature: float = option(1.0, "sampling temperature (0: greedy)")
     rollout_top_p: float = option(1.0, "nucleus sampling mass")
     rollout_top_k: int = option(-1, "top-k sampling (-1: all)")
