@@ -45,6 +45,21 @@ def test_train_runs_saves_and_resumes(tmp_path):
     assert [m["rollout_id"] for m in metrics] == [0, 1, 2]
 
 
+def test_train_runs_on_swe_tools(tmp_path):
+    """The README's main job, shrunk: swe-tools episodes in `auto` sandboxes, a train step, the
+    end-of-run checkpoint."""
+    out = tmp_path / "run"
+    done = train("--env", "swe-tools", "--max-turns", "2", "--rollout-batch-size", "2",
+                 "--n-samples-per-prompt", "2", "--rollout-max-response-len", "16", "--num-rollout", "1",
+                 "--output-dir", str(out), cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((out / "metrics.jsonl").read_text())
+    assert metrics["rollout/samples"] == 4 and metrics["rollout/failed"] == 0
+    assert "train/grad_norm" in metrics and metrics["time/train_s"] > 0
+    assert (out / "checkpoints" / "latest").read_text().strip() == "rollout_00001"
+    assert f"checkpoints {out}/checkpoints/" in done.stdout
+
+
 def test_bad_flags_name_the_flag(tmp_path):
     bad = train(*TINY_RUN, "--global-batch-size", "3", cwd=tmp_path)
     assert bad.returncode == 2 and "--global-batch-size 3" in bad.stderr
