@@ -35,6 +35,7 @@ demo: setup
 	$(PY) train.py --env swe-tools --max-turns 5 --output-dir runs/demo
 
 test: setup system
+	scripts/fetch-sglang-contract.sh
 	$(PY) -m pytest
 
 test-unit: setup

@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agentrl.errors import EngineError
-from agentrl.rollout.engine.base import Engine, GenerateOutput, SamplingParams
+from agentrl.rollout.engine.base import Engine, GenerateOutput, SamplingParams, episode_key
 
-__all__ = ["EngineGroup", "engine_actor_name", "episode_key", "launch_engines", "serve_policy"]
+__all__ = ["EngineGroup", "engine_actor_name", "launch_engines", "serve_policy"]
 
 log = logging.getLogger(__name__)
 
@@ -50,19 +50,11 @@ def engine_actor_name(driver_pid: int, index: int, launch: int = 0) -> str:
     return f"agentrl-engine-{driver_pid}-{index}.{launch}"
 
 
-def episode_key(rid: str | None) -> str | None:
-    """The episode a request id belongs to: ``r3-g7-s1-t2`` -> ``r3-g7-s1``."""
-    if rid is None:
-        return None
-    head, sep, turn = rid.rpartition("-t")
-    return head if sep and turn.isdigit() else rid
-
-
 class _EngineServer:
     """One engine process (a Ray actor; see :class:`EngineGroup`)."""
 
     def __init__(self, checkpoint: str, *, seed: int, max_batch_size: int, threads: int,
-                 version: str) -> None:  # fmt: skip
+                 version: str, max_context_len: int | None) -> None:  # fmt: skip
         import torch
 
         from agentrl.rollout.engine.embedded import EmbeddedEngine
@@ -71,6 +63,7 @@ class _EngineServer:
         device = "cuda" if torch.cuda.is_available() else None
         self.engine = EmbeddedEngine.from_pretrained(checkpoint, device=device, seed=seed,
                                                      max_batch_size=max_batch_size,
+                                                     max_context_len=max_context_len,
                                                      weight_version=version)  # fmt: skip
 
     async def info(self) -> dict[str, Any]:
@@ -143,6 +136,7 @@ class EngineGroup(Engine):
         health_check_interval: Seconds between health checks (fault tolerance only).
         health_check_timeout: Seconds an engine may take to answer one.
         max_retries: Times one request is retried after its engine died.
+        max_context_len: Each engine's context length (default: the model's).
         owns_placement: :meth:`close` removes the placement group too.
     """
 
@@ -150,7 +144,8 @@ class EngineGroup(Engine):
         self, placement: Any, bundles: list[int], checkpoint: str | Path, *, tokenizer: Any,
         resources: Mapping[str, float], seed: int = 0, max_batch_size: int = 32, threads: int = 1,
         fault_tolerance: bool = False, health_check_interval: float = 10.0,
-        health_check_timeout: float = 30.0, max_retries: int = 3, owns_placement: bool = False,
+        health_check_timeout: float = 30.0, max_retries: int = 3,
+        max_context_len: int | None = None, owns_placement: bool = False,
     ) -> None:  # fmt: skip
         if not bundles:
             raise EngineError("an EngineGroup needs at least one engine")
@@ -166,6 +161,7 @@ class EngineGroup(Engine):
         self.health_check_timeout = health_check_timeout
         self.max_retries = max_retries
         self.owns_placement = owns_placement
+        self.context_len_limit = max_context_len
         self.max_context_len: int | None = None
         self.slots = [_Slot(index=i, bundle=b) for i, b in enumerate(bundles)]
         self._version = "0"
@@ -300,7 +296,8 @@ class EngineGroup(Engine):
         slot.launches += 1
         handle = remote.remote(self.checkpoint, seed=self.seed + slot.index,
                                max_batch_size=self.max_batch_size, threads=self.threads,
-                               version=self._version)  # fmt: skip
+                               version=self._version,
+                               max_context_len=self.context_len_limit)  # fmt: skip
         info = await handle.info.remote()
         if self._weights is not None:  # a restart: the weights it must serve are the latest push
             ref, path = self._weights
@@ -401,7 +398,7 @@ class EngineGroup(Engine):
 
 
 async def launch_engines(cluster: Any, checkpoint: str | Path, *, seed: int, max_batch_size: int,
-                         trainer: Any = None) -> EngineGroup:  # fmt: skip
+                         trainer: Any = None, max_context_len: int | None = None) -> EngineGroup:  # fmt: skip
     """The engines the placement flags ask for (see :class:`~agentrl.orchestration.cluster.
     ClusterConfig`): ``--colocate`` puts engine ``i`` on the trainer's bundle ``i``, sharing it
     half and half; otherwise ``--rollout-num-gpus`` bundles of their own (one GPU each, or one
@@ -431,7 +428,8 @@ async def launch_engines(cluster: Any, checkpoint: str | Path, *, seed: int, max
         resources=resources, seed=seed, max_batch_size=max_batch_size, threads=threads,
         fault_tolerance=cluster.use_fault_tolerance,
         health_check_interval=cluster.rollout_health_check_interval,
-        health_check_timeout=cluster.rollout_health_check_timeout, owns_placement=owns,
+        health_check_timeout=cluster.rollout_health_check_timeout,
+        max_context_len=max_context_len, owns_placement=owns,
     )  # fmt: skip
 
 
@@ -442,7 +440,9 @@ async def serve_policy(rollout: Any, cluster: Any, checkpoint: str | Path, train
     if not cluster.engine_actors:
         from agentrl.rollout.build import load_policy_engine
 
-        return load_policy_engine(rollout, max_batch_size=rollout.rollout_concurrency)
+        return load_policy_engine(rollout, max_batch_size=rollout.rollout_concurrency,
+                                  max_context_len=rollout.engine_context_len)  # fmt: skip
     per_engine = -(-rollout.rollout_concurrency // cluster.num_engines)
     return await launch_engines(cluster, checkpoint, seed=rollout.rollout_seed,
-                                max_batch_size=per_engine, trainer=trainer)  # fmt: skip
+                                max_batch_size=per_engine, trainer=trainer,
+                                max_context_len=rollout.engine_context_len)  # fmt: skip

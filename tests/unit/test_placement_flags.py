@@ -6,7 +6,7 @@ import pytest
 
 from agentrl.errors import ConfigError
 from agentrl.orchestration.cluster import ClusterConfig
-from agentrl.orchestration.engines import episode_key
+from agentrl.rollout.engine.base import episode_key
 
 
 def test_episode_key_drops_only_a_turn_suffix():

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Literal
 
-__all__ = ["Engine", "FinishReason", "GenerateOutput", "SamplingParams"]
+__all__ = ["Engine", "FinishReason", "GenerateOutput", "SamplingParams", "episode_key"]
 
 FinishReason = Literal["stop", "length", "abort"]
 """``stop``: a stop token id or stop string matched (or the model's end-of-sequence token);
@@ -137,6 +137,16 @@ class GenerateOutput:
             cached_tokens=int(meta.get("cached_tokens", 0)),
             latency_s=float(meta.get("e2e_latency", 0.0)),
         )
+
+
+def episode_key(rid: str | None) -> str | None:
+    """The episode a request id belongs to: ``r3-g7-s1-t2`` -> ``r3-g7-s1`` (a rid without a
+    ``-t<turn>`` suffix is its own episode). Engines with several workers keep an episode's
+    requests on one worker, where its prefix is cached."""
+    if rid is None:
+        return None
+    head, sep, turn = rid.rpartition("-t")
+    return head if sep and turn.isdigit() else rid
 
 
 class Engine(abc.ABC):

@@ -1,0 +1,290 @@
+"""The :class:`Engine` contract over SGLang's native HTTP API (one or more servers, optionally
+behind ``sglang-router``).
+
+Token-in/token-out: ``/generate`` with ``input_ids`` and ``return_logprob``; the sampled ids and
+their log-probabilities come from ``meta_info.output_token_logprobs``. Every request carries its
+rid (``r<rollout>-g<group>-s<sample>-t<turn>``) and, as ``routing_key``, its episode, so a router
+keeps an episode on one worker (prefix cache). Requests go to the router when there is one, else
+straight to a worker chosen per episode (fewest requests in flight); control calls (abort, pause,
+weight updates, memory release) always go to every worker, because the router does not forward
+them. One ``aiohttp`` session is shared by all requests; a semaphore bounds requests in flight
+(``concurrency`` per worker); connection errors and 5xx answers are retried with exponential
+backoff (a retried request has the same rid and sampling seed, so it samples the same tokens).
+
+Weight updates follow SGLang's protocol: ``pause_generation`` (in place) -> push
+(``update_weights_from_disk`` with ``flush_cache``) -> ``continue_generation``, with the version
+recorded by the server and reported on every output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from agentrl.errors import EngineError
+from agentrl.rollout.engine.base import Engine, GenerateOutput, SamplingParams, episode_key
+
+__all__ = ["SGLangEngine", "generate_request"]
+
+log = logging.getLogger(__name__)
+
+
+def generate_request(input_ids: Sequence[int], sampling: SamplingParams, rid: str | None) -> dict[str, Any]:
+    """The JSON body of one token-in ``/generate`` request (SGLang's field names and types)."""
+    body: dict[str, Any] = {
+        "input_ids": [int(t) for t in input_ids],
+        "sampling_params": sampling.to_sglang(),
+        "return_logprob": True,
+        "logprob_start_len": -1,  # no prompt log-probs: only the sampled tokens'
+        "top_logprobs_num": 0,
+        "stream": False,
+    }
+    if rid is not None:
+        body["rid"] = rid
+        body["routing_key"] = episode_key(rid)
+    return body
+
+
+class SGLangEngine(Engine):
+    """SGLang servers as one engine.
+
+    Build it with :meth:`connect` (waits until every worker generates); :meth:`close` releases
+    the HTTP session (the servers keep running: their owner stops them).
+
+    Args:
+        worker_urls: Every server's base URL (``http://host:port``).
+        router_url: An ``sglang-router`` in front of them; ``None`` routes here.
+        tokenizer: The served model's tokenizer (the rollout renders chats with it).
+        max_context_len: The servers' context length.
+        concurrency: Requests in flight per worker.
+        max_retries: Retries of a request after a connection error or a 5xx answer.
+        timeout_s: Seconds one request may take.
+        weight_version: The version the servers started with.
+    """
+
+    def __init__(
+        self, worker_urls: Sequence[str], *, router_url: str | None = None, tokenizer: Any = None,
+        max_context_len: int | None = None, concurrency: int = 64, max_retries: int = 5,
+        timeout_s: float = 3600.0, weight_version: str = "0",
+    ) -> None:  # fmt: skip
+        if not worker_urls:
+            raise EngineError("SGLangEngine needs at least one worker URL")
+        self.workers = [u.rstrip("/") for u in worker_urls]
+        self.router = router_url.rstrip("/") if router_url else None
+        self.tokenizer = tokenizer
+        self.max_context_len = max_context_len
+        self.max_retries = max_retries
+        self.timeout_s = timeout_s
+        self._version = str(weight_version)
+        self._limit = max(1, concurrency) * len(self.workers)
+        self._semaphore: asyncio.Semaphore | None = None
+        self._session: Any = None
+        self._inflight = dict.fromkeys(self.workers, 0)
+        self._affinity: dict[str, str] = {}
+        self.stats = {"requests": 0, "retries": 0}
+
+    @classmethod
+    async def connect(cls, worker_urls: Sequence[str], *, wait_s: float = 600.0,
+                      **kwargs: Any) -> SGLangEngine:  # fmt: skip
+        """Waits (up to ``wait_s``) until every worker answers ``/health_generate``, reads the
+        context length from ``/server_info`` and returns the engine.
+
+        Raises:
+            EngineError: A worker did not come up in time.
+        """
+        engine = cls(worker_urls, **kwargs)
+        deadline = time.monotonic() + wait_s
+        for url in engine.workers:
+            while not await engine._healthy(url):
+                if time.monotonic() > deadline:
+                    await engine.close()
+                    raise EngineError(f"SGLang server {url} did not answer /health_generate "
+                                      f"within {wait_s:.0f} s")  # fmt: skip
+                await asyncio.sleep(0.5)
+        if engine.max_context_len is None:
+            info = await engine._request("GET", f"{engine.workers[0]}/server_info")
+            engine.max_context_len = int(info["context_length"])
+        return engine
+
+    # --- Engine API -----------------------------------------------------------------------
+
+    @property
+    def weight_version(self) -> str:
+        return self._version
+
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, rid: str | None = None
+    ) -> GenerateOutput:
+        """See :meth:`Engine.generate`. Through the router when there is one."""
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self._limit)
+        body = generate_request(input_ids, sampling, rid)
+        worker = self.router or self._worker_for(episode_key(rid))
+        async with self._semaphore:
+            self._inflight[worker] = self._inflight.get(worker, 0) + 1
+            try:
+                answer = await self._request("POST", f"{worker}/generate", body)
+            finally:
+                self._inflight[worker] -= 1
+        self.stats["requests"] += 1
+        if isinstance(answer, list):  # a batch answer to a single request: take its only item
+            answer = answer[0]
+        return GenerateOutput.from_sglang(answer)
+
+    async def update_weights(
+        self, *, state_dict: Mapping[str, Any] | None = None, path: str | None = None,
+        version: str,
+    ) -> None:  # fmt: skip
+        """See :meth:`Engine.update_weights`: pause in place, load, flush the prefix cache,
+        continue. ``path`` is a Hugging Face directory every server can read.
+
+        Raises:
+            EngineError: A server refused the weights, or ``state_dict`` was given (tensor
+                pushes to SGLang need colocated engines: use ``--weight-sync disk``).
+        """
+        if (state_dict is None) == (path is None):
+            raise EngineError("update_weights needs exactly one of state_dict and path")
+        if state_dict is not None:
+            raise EngineError("tensor weight pushes to SGLang servers are not supported yet: use "
+                              "--weight-sync disk")  # fmt: skip
+        await self._each("POST", "/pause_generation", {"mode": "in_place"})
+        try:
+            answers = await self._each("POST", "/update_weights_from_disk", {
+                "model_path": path, "weight_version": str(version), "flush_cache": True,
+                "abort_all_requests": False})  # fmt: skip
+        finally:
+            await self._each("POST", "/continue_generation", {})
+        failed = [a for a in answers if isinstance(a, dict) and not a.get("success", True)]
+        if failed:
+            raise EngineError(f"update_weights_from_disk {path!r} failed: {failed[0].get('message')}")
+        self._version = str(version)
+
+    async def pause(self, mode: Literal["abort", "in_place"] = "abort") -> None:
+        await self._each("POST", "/pause_generation", {"mode": mode})
+
+    async def resume(self) -> None:
+        await self._each("POST", "/continue_generation", {})
+
+    async def abort(self, rid_prefix: str = "") -> int:
+        """Aborts on every worker (the router does not forward ``/abort_request``), then waits
+        until no request is running. SGLang does not say how many it aborted: returns 0."""
+        body = {"rid": rid_prefix} if rid_prefix else {"abort_all": True}
+        await self._each("POST", "/abort_request", body)
+        if not rid_prefix:
+            await self.wait_idle()
+        return 0
+
+    async def wait_idle(self, timeout_s: float = 60.0) -> None:
+        """Polls every worker's ``/v1/loads`` until nothing runs or waits."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            loads = await self._each("GET", "/v1/loads")
+            if all(_load(answer) == 0 for answer in loads):
+                return
+            if time.monotonic() > deadline:
+                raise EngineError(f"SGLang servers still busy {timeout_s:.0f} s after abort")
+            await asyncio.sleep(0.1)
+
+    async def release_memory(self) -> None:
+        """Colocated: every server frees its KV cache (and, with ``--enable-memory-saver``, its
+        weights) while the trainer runs; the server must be idle."""
+        await self._each("POST", "/release_memory_occupation", {})
+
+    async def resume_memory(self, tags: Sequence[str] | None = None) -> None:
+        """Takes memory back (SGLang's order: ``["weights"]``, then push, then the rest)."""
+        await self._each("POST", "/resume_memory_occupation", {"tags": list(tags)} if tags else {})
+
+    async def health(self) -> bool:
+        return any(await asyncio.gather(*(self._healthy(u) for u in self.workers)))
+
+    async def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    # --- HTTP -----------------------------------------------------------------------------
+
+    def _worker_for(self, episode: str | None) -> str:
+        worker = self._affinity.get(episode) if episode is not None else None
+        if worker is None:
+            worker = min(self.workers, key=lambda u: self._inflight.get(u, 0))
+            if episode is not None:
+                if len(self._affinity) > 100_000:
+                    self._affinity.clear()
+                self._affinity[episode] = worker
+        return worker
+
+    async def _client(self) -> Any:
+        if self._session is None:
+            import aiohttp
+
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                connector=aiohttp.TCPConnector(limit=self._limit + 2 * len(self.workers)),
+            )  # fmt: skip
+        return self._session
+
+    async def _request(self, method: str, url: str, body: Any = None) -> Any:
+        """One HTTP call with retries; the decoded JSON answer (or ``None`` for an empty one).
+
+        Raises:
+            EngineError: A 4xx answer (not retried), or retries exhausted.
+        """
+        import aiohttp
+
+        session = await self._client()
+        delay = 0.25
+        for attempt in range(self.max_retries + 1):
+            try:
+                async with session.request(method, url, json=body) as response:
+                    text = await response.text()
+                    if response.status < 400:
+                        return _json(text)
+                    if response.status < 500:
+                        raise EngineError(f"{method} {url}: HTTP {response.status}: {text[:500]}")
+                    problem = f"HTTP {response.status}: {text[:200]}"
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:  # noqa: UP041
+                problem = f"{type(exc).__name__}: {exc}"
+            if attempt < self.max_retries:
+                self.stats["retries"] += 1
+                log.warning("%s %s failed (%s); retry %d in %.2f s", method, url, problem, attempt + 1, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 8.0)
+        raise EngineError(f"{method} {url} failed after {self.max_retries + 1} attempts: {problem}")
+
+    async def _each(self, method: str, path: str, body: Any = None) -> list[Any]:
+        return list(await asyncio.gather(*(self._request(method, f"{u}{path}", body) for u in self.workers)))
+
+    async def _healthy(self, url: str) -> bool:
+        import aiohttp
+
+        session = await self._client()
+        try:
+            async with session.get(f"{url}/health_generate", timeout=aiohttp.ClientTimeout(total=30)) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError):  # noqa: UP041
+            return False
+
+
+def _json(text: str) -> Any:
+    import json
+
+    if not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # some control endpoints answer plain text
+
+
+def _load(answer: Any) -> int:
+    """Requests running or waiting, from a ``/v1/loads`` answer (any of SGLang's shapes)."""
+    if not isinstance(answer, dict):
+        return 0
+    if "loads" in answer:
+        return sum(int(x.get("num_running_reqs", 0)) + int(x.get("num_waiting_reqs", 0))
+                   for x in answer["loads"])  # fmt: skip
+    return int(answer.get("num_running_reqs", 0)) + int(answer.get("num_waiting_reqs", 0))

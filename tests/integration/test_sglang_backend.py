@@ -1,0 +1,167 @@
+"""The SGLang client against servers that speak SGLang's native API (backed by the embedded
+engine, as SGLang itself cannot serve on CPU), directly and through the real ``sglang-router``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from safetensors.torch import save_file
+
+from agentrl.errors import EngineError
+from agentrl.models import build_tiny_model
+from agentrl.rollout.engine.base import SamplingParams
+from agentrl.rollout.engine.embedded import EmbeddedEngine, load_tokenizer
+from agentrl.rollout.engine.model import read_checkpoint
+from agentrl.rollout.engine.sglang import SGLangEngine
+from tests.support.distributed import free_port
+
+SEEDED = SamplingParams(max_new_tokens=16, sampling_seed=5, stop_token_ids=(3,))
+
+
+def wait_http(url: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"{url} never answered 200"
+        time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def servers(count: int) -> Iterator[list[str]]:
+    """``count`` SGLang-compatible servers on the tiny model; their URLs."""
+    procs, urls = [], []
+    try:
+        for _ in range(count):
+            port = free_port()
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "agentrl.rollout.engine.sglang_compat_server",
+                 "--model-path", str(build_tiny_model()), "--port", str(port)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))  # fmt: skip
+            urls.append(f"http://127.0.0.1:{port}")
+        for url in urls:
+            wait_http(f"{url}/health")
+        yield urls
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def router(workers: list[str]) -> Iterator[str]:
+    pytest.importorskip("sglang_router", reason="sglang-router is not installed (pip install sglang-router)")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                             "--port", str(port), "--worker-urls", *workers, "--policy", "cache_aware",
+                             "--log-level", "warn", "--prometheus-port", str(free_port())],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(f"{url}/health")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+async def reference(tokens: list[int], sampling: SamplingParams, path=None) -> list[int]:
+    engine = EmbeddedEngine.from_pretrained(path or build_tiny_model())
+    try:
+        return (await engine.generate(tokens, sampling)).output_ids
+    finally:
+        await engine.close()
+
+
+def test_client_generates_updates_weights_pauses_and_aborts(tmp_path):
+    async def scenario(urls: list[str]) -> None:
+        engine = await SGLangEngine.connect(urls, tokenizer=load_tokenizer(build_tiny_model()))
+        try:
+            assert engine.max_context_len == 4096 and await engine.health()
+            out = await engine.generate([5, 6, 7], SEEDED, rid="r0-g0-s0-t0")
+            assert out.output_ids == await reference([5, 6, 7], SEEDED)
+            assert len(out.output_logprobs) == len(out.output_ids) and out.weight_version == "0"
+            assert out.finish_reason in ("stop", "length")
+
+            # both workers serve; an episode's turns stay on its worker
+            await asyncio.gather(*(engine.generate([5, 6], SEEDED, rid=f"r0-g{i}-s0-t0") for i in range(4)))
+            assert set(engine._affinity.values()) == set(engine.workers)
+            before = engine._affinity["r0-g1-s0"]
+            await engine.generate([5, 6], SEEDED, rid="r0-g1-s0-t1")
+            assert engine._affinity["r0-g1-s0"] == before
+
+            # weights from disk, with a version, on every worker
+            halved = tmp_path / "halved"
+            shutil.copytree(build_tiny_model(), halved)
+            state = {k: (v * 0.5).contiguous() for k, v in read_checkpoint(build_tiny_model()).items()}
+            save_file(state, str(halved / "model.safetensors"))
+            await engine.update_weights(path=str(halved), version="7")
+            expected = await reference([5, 6, 7], SEEDED, path=halved)
+            for i in range(2):
+                got = await engine.generate([5, 6, 7], SEEDED, rid=f"w{i}-t0")
+                assert (got.weight_version, got.output_ids) == ("7", expected)
+            with pytest.raises(EngineError, match="update_weights_from_disk"):
+                await engine.update_weights(path=str(tmp_path / "missing"), version="8")
+            assert engine.weight_version == "7"
+
+            # pause in abort mode ends what runs with "abort"; abort-all leaves the servers idle
+            long = SamplingParams(max_new_tokens=4000, ignore_eos=True, sampling_seed=1)
+            running = asyncio.create_task(engine.generate([5], long, rid="long-t0"))
+            await asyncio.sleep(0.5)
+            await engine.pause("abort")
+            assert (await running).finish_reason == "abort"
+            await engine.resume()
+            running = asyncio.create_task(engine.generate([5], long, rid="long2-t0"))
+            await asyncio.sleep(0.5)
+            await engine.abort()
+            aborted = await running
+            assert aborted.finish_reason == "abort" and 0 < len(aborted.output_ids) < 4000
+
+            # SGLang's contract: unknown sampling keys are a 400, reported, not retried
+            with pytest.raises(EngineError, match="HTTP 400"):
+                await engine._request("POST", f"{urls[0]}/generate", {
+                    "input_ids": [1], "sampling_params": {"max_tokens": 3}})  # fmt: skip
+            await engine.release_memory()
+            assert (await engine.generate([5, 6, 7], SEEDED, rid="after-t0")).output_ids == expected
+        finally:
+            await engine.close()
+
+    with servers(2) as urls:
+        asyncio.run(scenario(urls))
+
+
+def test_through_the_sglang_router():
+    async def scenario(urls: list[str], router_url: str) -> None:
+        engine = await SGLangEngine.connect(urls, router_url=router_url, max_retries=3,
+                                            tokenizer=load_tokenizer(build_tiny_model()))  # fmt: skip
+        try:
+            expected = await reference([5, 6, 7], SEEDED)
+            outs = await asyncio.gather(*(engine.generate([5, 6, 7], SEEDED, rid=f"r0-g{i}-s0-t0")
+                                          for i in range(8)))  # fmt: skip
+            assert all(o.output_ids == expected for o in outs)
+        finally:
+            await engine.close()
+
+    with servers(2) as urls, router(urls) as router_url:
+        asyncio.run(scenario(urls, router_url))
+
+
+def test_a_server_that_never_comes_up_is_reported():
+    async def scenario() -> None:
+        with pytest.raises(EngineError, match="did not answer /health_generate"):
+            await SGLangEngine.connect([f"http://127.0.0.1:{free_port()}"], wait_s=1.0)
+
+    asyncio.run(scenario())
