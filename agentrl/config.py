@@ -46,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None 
     group = parser.add_argument_group(title or cls.__name__)
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
+        if field.metadata.get("cli") is False:  # filled by the caller, not a flag of its own
+            continue
         kwargs = dict(field.metadata.get("argparse", {}))
         base = _base_type(hints[field.name])
         if base is bool and "action" not in kwargs:

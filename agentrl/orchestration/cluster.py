@@ -81,11 +81,12 @@ class ClusterConfig:
                               "--actor-num-nodes 1 --actor-num-gpus-per-node 1")
         if self.rollout_num_gpus < 0:
             raise ConfigError(f"--rollout-num-gpus must be >= 0, got {self.rollout_num_gpus}")
-        if self.rollout_num_gpus_per_engine != 1:
-            raise ConfigError(
-                f"--rollout-num-gpus-per-engine {self.rollout_num_gpus_per_engine}: the embedded "
-                "engine serves one device per engine; tensor-parallel engines need the SGLang "
-                "backend")
+        if self.rollout_num_gpus_per_engine < 1:
+            raise ConfigError("--rollout-num-gpus-per-engine must be >= 1, got "
+                              f"{self.rollout_num_gpus_per_engine}")
+        if self.rollout_num_gpus % self.rollout_num_gpus_per_engine:
+            raise ConfigError(f"--rollout-num-gpus {self.rollout_num_gpus} is not a multiple of "
+                              f"--rollout-num-gpus-per-engine {self.rollout_num_gpus_per_engine}")
         if not self.use_ray and self.engine_actors:
             raise ConfigError("--rollout-num-gpus / --colocate place engines as Ray actors: drop "
                               "--no-use-ray")

@@ -24,7 +24,7 @@ from agentrl.orchestration.sinks import (
     require_wandb,
     scalars,
 )
-from agentrl.rollout.config import RolloutConfig
+from agentrl.rollout.config import RolloutConfig, collect_sglang_args
 from agentrl.rollout.sample import Sample
 from agentrl.trainer.config import TrainerConfig, steps_per_rollout
 
@@ -38,10 +38,11 @@ class RunConfig:
 
     num_rollout: int = option(3, "rollout -> train iterations")
     update_weights_interval: int = option(1, "push trainer weights to the engine every N rollouts")
-    weight_sync: str = option("tensor", "how weights reach the engines: tensor (in memory; Ray's "
-                              "shared-memory object store for engine actors) or disk (a Hugging "
-                              "Face directory under <output-dir>/weights)",
-                              choices=("tensor", "disk"))
+    weight_sync: str = option("auto", "how weights reach the engines: tensor (in memory; Ray's "
+                              "shared-memory object store for engine actors), disk (a Hugging "
+                              "Face directory under <output-dir>/weights), auto (tensor for "
+                              "embedded engines, disk for SGLang servers)",
+                              choices=("auto", "tensor", "disk"))
     eval_interval: int | None = option(None, "evaluate every N rollouts (and before the first)")
     output_dir: str = option("runs/latest", "where metrics, trajectories and checkpoints go")
     save_trajectories: bool = option(True, "write each rollout's samples as JSONL")
@@ -89,19 +90,51 @@ def parse_args(argv: Sequence[str] | None = None) -> Args:
     for cls, title in ((RolloutConfig, "rollout"), (TrainerConfig, "trainer"), (RunConfig, "run"),
                        (ClusterConfig, "cluster")):
         add_arguments(parser, cls, title)
-    namespace = parser.parse_args(argv)
+    namespace, unknown = parser.parse_known_args(argv)
+    namespace.sglang_args, unknown = collect_sglang_args(unknown)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         rollout = from_namespace(RolloutConfig, namespace)
         trainer = from_namespace(TrainerConfig, namespace)
         run = from_namespace(RunConfig, namespace)
         cluster = from_namespace(ClusterConfig, namespace)
         cluster.validate(trainer.tensor_model_parallel_size)
+        check_backend_placement(rollout, cluster)
         steps_per_rollout(trainer, rollout.rollout_batch_size, rollout.n_samples_per_prompt)
         if trainer.load:
             latest_checkpoint(trainer.load)
     except ConfigError as exc:
         parser.error(str(exc))
     return Args(rollout, trainer, run, cluster, namespace)
+
+
+def check_backend_placement(rollout: RolloutConfig, cluster: ClusterConfig) -> None:
+    """Flags that only make sense together.
+
+    Raises:
+        ConfigError: Naming the flags.
+    """
+    if rollout.rollout_backend == "embedded" and cluster.rollout_num_gpus_per_engine != 1:
+        raise ConfigError(
+            f"--rollout-num-gpus-per-engine {cluster.rollout_num_gpus_per_engine}: the embedded "
+            "engine serves one device per engine; tensor-parallel engines need --rollout-backend "
+            "sglang")
+    if rollout.rollout_backend != "embedded":
+        if not (cluster.engine_actors or rollout.rollout_engine_urls):
+            raise ConfigError(f"--rollout-backend {rollout.rollout_backend} launches servers as Ray "
+                              "actors: add --rollout-num-gpus N (or --colocate), or name running "
+                              "servers with --rollout-engine-urls")  # fmt: skip
+        if not cluster.use_ray and not rollout.rollout_engine_urls:
+            raise ConfigError(f"--rollout-backend {rollout.rollout_backend} places servers with "
+                              "Ray: drop --no-use-ray")  # fmt: skip
+        if cluster.use_fault_tolerance:
+            raise ConfigError("--use-fault-tolerance restarts embedded engine actors; restarting "
+                              "SGLang servers is not implemented yet: drop it with "
+                              f"--rollout-backend {rollout.rollout_backend}")  # fmt: skip
+        if rollout.rollout_backend == "sglang-compat" and cluster.rollout_num_gpus_per_engine != 1:
+            raise ConfigError("--rollout-backend sglang-compat serves one device per engine: "
+                              "--rollout-num-gpus-per-engine must be 1")
 
 
 class RunLog:

@@ -24,7 +24,7 @@ from agentrl.rollout.engine.base import Engine
 __all__ = ["push_weights"]
 
 
-async def push_weights(actor: Any, engine: Engine, *, version: str, mode: str = "tensor",
+async def push_weights(actor: Any, engine: Engine, *, version: str, mode: str = "auto",
                        output_dir: str | Path = ".") -> None:  # fmt: skip
     """Makes ``engine`` serve ``actor``'s current weights, tagged ``version``.
 
@@ -33,9 +33,14 @@ async def push_weights(actor: Any, engine: Engine, *, version: str, mode: str = 
             :class:`~agentrl.orchestration.cluster.TrainerGroup`.
         engine: The rollout's engine (embedded or an engine group).
         version: Recorded on every sample generated with these weights.
-        mode: ``"tensor"`` or ``"disk"`` (see the module docstring).
+        mode: ``"tensor"``, ``"disk"`` (see the module docstring) or ``"auto"``: disk for
+            SGLang servers (tensor pushes to them are not implemented yet), else tensor.
         output_dir: The run's folder; ``disk`` writes under ``<output_dir>/weights``.
     """
+    if mode == "auto":
+        from agentrl.rollout.engine.sglang import SGLangEngine
+
+        mode = "disk" if isinstance(engine, SGLangEngine) else "tensor"
     if mode == "disk":
         root = Path(output_dir) / "weights"
         previous = sorted(root.glob("v*")) if root.is_dir() else []

@@ -47,6 +47,7 @@ def make_rollout_context(
 ) -> RolloutContext:
     """The shared context of a run's episodes.
 
+    The env is made with ``--env-kwarg`` pairs (``args.env_kwargs``), then ``env_kwargs``.
     Resolves ``--max-turns`` (the env's default when not given) onto ``args``, so plug-ins such
     as the brief's custom generate loop can read ``args.max_turns``; checks the chat template is
     token-exact with the env's tools (``ChatRenderer.self_check``).
@@ -62,7 +63,8 @@ def make_rollout_context(
     factory = None
     tools = None
     if args.env is not None:
-        kwargs = {**dict(env_kwargs or {}), "tool_call_format": args.tool_call_format}
+        kwargs = {**dict(getattr(args, "env_kwargs", None) or {}), **dict(env_kwargs or {}),
+                  "tool_call_format": args.tool_call_format}  # fmt: skip
         if args.max_turns is not None:
             kwargs["max_turns"] = args.max_turns
         factory = functools.partial(make_env, args.env, **kwargs)

@@ -4,11 +4,44 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from typing import Any
 
 from agentrl.config import flag, option
 from agentrl.errors import ConfigError
 
 __all__ = ["RolloutConfig"]
+
+
+EMBEDDED_SGLANG_ARGS = frozenset({"context-length"})
+"""``--sglang-*`` settings the embedded engine honours."""
+COMPAT_SGLANG_ARGS = frozenset({"context-length", "max-running-requests", "random-seed"})
+"""``--sglang-*`` settings agentrl's SGLang-compatible server takes."""
+BACKENDS = ("embedded", "sglang", "sglang-compat")
+
+
+def collect_sglang_args(tokens: list[str]) -> tuple[dict[str, str | None], list[str]]:
+    """Splits ``--sglang-X VALUE`` / ``--sglang-X=VALUE`` / bare ``--sglang-X`` out of
+    command-line tokens that argparse did not recognise; returns them and the other tokens."""
+    found: dict[str, str | None] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token.startswith("--sglang-") and len(token) > len("--sglang-"):
+            name, sep, inline = token[len("--sglang-"):].partition("=")
+            value: str | None = inline
+            if not sep:
+                following = tokens[i + 1] if i + 1 < len(tokens) else None
+                if following is not None and not following.startswith("--"):
+                    value, i = following, i + 1
+                else:
+                    value = None  # a switch such as --sglang-enable-torch-compile
+            found[name] = value
+        else:
+            rest.append(token)
+        i += 1
+    return found, rest
 
 
 @dataclasses.dataclass
@@ -22,6 +55,9 @@ class RolloutConfig:
     # what to play
     env: str | None = option(None, "environment id (`swe-tools`, `my_module:my-env`); without it "
                              "prompts are answered in one turn and scored by --custom-rm-path")
+    env_kwarg: list[str] = option([], "an env constructor argument, KEY=VALUE with VALUE read "
+                                  "as JSON when it parses (`--env-kwarg compact=true`); "
+                                  "repeatable", action="append", metavar="KEY=VALUE")
     max_turns: int | None = option(None, "assistant turns per episode before truncation "
                                    "(default: the env's own)")
     tool_call_format: str = option("hermes", "how the model writes tool calls "
@@ -58,6 +94,21 @@ class RolloutConfig:
     rollout_max_context_len: int | None = option(None, "prompt + response tokens per sample "
                                                  "(default: the engine's context length)")
     rollout_max_response_len: int = option(256, "new tokens per assistant turn at most")
+    rollout_backend: str = option("embedded", "what serves the policy: embedded (agentrl's torch "
+                                  "engine), sglang (SGLang servers: python -m sglang.launch_server, "
+                                  "GPU), sglang-compat (agentrl's SGLang-compatible server over the "
+                                  "embedded engine: the SGLang path on CPU)", choices=BACKENDS)
+    rollout_engine_urls: list[str] = option([], "already running SGLang servers to use instead of "
+                                            "launching them (--rollout-backend sglang*)", nargs="*")
+    rollout_router_url: str | None = option(None, "an already running sglang-router in front of "
+                                            "--rollout-engine-urls")
+    router_policy: str = option("cache_aware", "the sglang-router started for several SGLang "
+                                "engines: cache_aware, round_robin, random, power_of_two; none: no "
+                                "router (the client keeps each episode on one engine)",
+                                choices=("cache_aware", "round_robin", "random", "power_of_two", "none"))
+    sglang_args: dict[str, str | None] = dataclasses.field(default_factory=dict, metadata={"cli": False})
+    """``--sglang-X [VALUE]`` flags, ``{"X": VALUE}``: SGLang server arguments (``--X VALUE``),
+    collected by :func:`collect_sglang_args`. The embedded engine honours ``context-length``."""
     rollout_temperature: float = option(1.0, "sampling temperature (0: greedy)")
     rollout_top_p: float = option(1.0, "nucleus sampling mass")
     rollout_top_k: int = option(-1, "top-k sampling (-1: all)")
@@ -110,10 +161,72 @@ class RolloutConfig:
                 and self.custom_generate_function_path is None):
             raise ConfigError("no reward: without --env, pass --custom-rm-path (or a "
                               "--custom-generate-function-path that sets sample.reward)")
+        allowed = {"embedded": EMBEDDED_SGLANG_ARGS, "sglang-compat": COMPAT_SGLANG_ARGS}.get(self.rollout_backend)
+        unsupported = sorted(set(self.sglang_args) - allowed) if allowed is not None else []
+        if unsupported:
+            raise ConfigError(
+                f"--sglang-{unsupported[0]}: an SGLang server setting that --rollout-backend "
+                f"{self.rollout_backend} has no counterpart for; drop it (--rollout-backend sglang "
+                f"takes every --sglang-* flag; this one only --sglang-{', --sglang-'.join(sorted(allowed))})")
+        if self.rollout_backend not in BACKENDS:
+            raise ConfigError(f"--rollout-backend must be one of {', '.join(BACKENDS)}, got "
+                              f"{self.rollout_backend!r}")  # fmt: skip
+        if (self.rollout_engine_urls or self.rollout_router_url) and self.rollout_backend == "embedded":
+            raise ConfigError("--rollout-engine-urls / --rollout-router-url name SGLang servers: add "
+                              "--rollout-backend sglang (or sglang-compat)")
+        if self.rollout_router_url and not self.rollout_engine_urls:
+            raise ConfigError("--rollout-router-url needs --rollout-engine-urls too (aborts and "
+                              "weight updates go to every server directly)")
+        if "context-length" in self.sglang_args:
+            value = self.sglang_args["context-length"]
+            if value is None or not value.isdigit() or int(value) < 1:
+                raise ConfigError(f"--sglang-context-length must be a positive integer, got {value!r}")
+        for pair in self.env_kwarg:
+            key, sep, _ = pair.partition("=")
+            if not sep or not key.isidentifier():
+                raise ConfigError(f"--env-kwarg expects KEY=VALUE, got {pair!r}")
         names = [name for name, _ in self.eval_prompt_data]
         duplicate = {n for n in names if names.count(n) > 1}
         if duplicate:
             raise ConfigError(f"--eval-prompt-data names must be unique; repeated: {sorted(duplicate)}")
+
+    @property
+    def engine_context_len(self) -> int | None:
+        """The engine's context length from ``--sglang-context-length`` (None: the model's)."""
+        value = self.sglang_args.get("context-length")
+        return int(value) if value is not None else None
+
+    @property
+    def env_kwargs(self) -> dict[str, Any]:
+        """``--env-kwarg`` pairs as the env's constructor keyword arguments."""
+        kwargs: dict[str, Any] = {}
+        allowed = {"embedded": EMBEDDED_SGLANG_ARGS, "sglang-compat": COMPAT_SGLANG_ARGS}.get(self.rollout_backend)
+        unsupported = sorted(set(self.sglang_args) - allowed) if allowed is not None else []
+        if unsupported:
+            raise ConfigError(
+                f"--sglang-{unsupported[0]}: an SGLang server setting that --rollout-backend "
+                f"{self.rollout_backend} has no counterpart for; drop it (--rollout-backend sglang "
+                f"takes every --sglang-* flag; this one only --sglang-{', --sglang-'.join(sorted(allowed))})")
+        if self.rollout_backend not in BACKENDS:
+            raise ConfigError(f"--rollout-backend must be one of {', '.join(BACKENDS)}, got "
+                              f"{self.rollout_backend!r}")  # fmt: skip
+        if (self.rollout_engine_urls or self.rollout_router_url) and self.rollout_backend == "embedded":
+            raise ConfigError("--rollout-engine-urls / --rollout-router-url name SGLang servers: add "
+                              "--rollout-backend sglang (or sglang-compat)")
+        if self.rollout_router_url and not self.rollout_engine_urls:
+            raise ConfigError("--rollout-router-url needs --rollout-engine-urls too (aborts and "
+                              "weight updates go to every server directly)")
+        if "context-length" in self.sglang_args:
+            value = self.sglang_args["context-length"]
+            if value is None or not value.isdigit() or int(value) < 1:
+                raise ConfigError(f"--sglang-context-length must be a positive integer, got {value!r}")
+        for pair in self.env_kwarg:
+            key, _, value = pair.partition("=")
+            try:
+                kwargs[key] = json.loads(value)
+            except ValueError:
+                kwargs[key] = value
+        return kwargs
 
     @property
     def max_groups(self) -> int:

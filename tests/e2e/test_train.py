@@ -197,3 +197,22 @@ def test_engine_killed_mid_run_on_a_joined_ray_cluster(tmp_path):
             run.wait()
         os.killpg(head.pid, signal.SIGTERM)  # ray start and the GCS / raylet it started
         head.wait(timeout=60)
+
+
+def test_sglang_backend_through_the_router(tmp_path):
+    """--rollout-backend sglang-compat: two SGLang-protocol servers as Ray actors behind the real
+    sglang-router; weights go by disk after every rollout and every sample records them."""
+    pytest.importorskip("sglang_router", reason="sglang-router is not installed (pip install sglang-router)")
+    out = tmp_path / "run"
+    done = train(*TINY_RUN, "--num-rollout", "2", "--rollout-backend", "sglang-compat", "--rollout-num-gpus", "2",
+                 "--sglang-context-length", "2048", "--output-dir", str(out), cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    second = (out / "trajectories" / "rollout_00001.jsonl").read_text().splitlines()
+    assert len(second) == 4 and {json.loads(line)["weight_version"] for line in second} == {"1"}
+    assert [p.name for p in (out / "weights").iterdir()] == ["v2"]
+
+    bad = train(*TINY_RUN, "--rollout-backend", "sglang-compat", "--sglang-mem-fraction-static", "0.8",
+                "--rollout-num-gpus", "1", cwd=tmp_path)  # fmt: skip
+    assert bad.returncode == 2 and "--sglang-mem-fraction-static" in bad.stderr
+    bad = train(*TINY_RUN, "--rollout-backend", "sglang", cwd=tmp_path)
+    assert bad.returncode == 2 and "--rollout-num-gpus" in bad.stderr

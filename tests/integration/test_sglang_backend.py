@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from safetensors.torch import save_file
@@ -165,3 +166,23 @@ def test_a_server_that_never_comes_up_is_reported():
             await SGLangEngine.connect([f"http://127.0.0.1:{free_port()}"], wait_s=1.0)
 
     asyncio.run(scenario())
+
+
+def test_train_py_uses_already_running_servers(tmp_path):
+    """--rollout-engine-urls: train.py starts no server; it plays, trains and pushes weights from
+    disk to the ones it was given."""
+    import json
+
+    root = Path(__file__).resolve().parents[2]
+    with servers(1) as urls:
+        done = subprocess.run(
+            [sys.executable, str(root / "train.py"), "--env", "calc", "--rollout-batch-size", "2",
+             "--n-samples-per-prompt", "2", "--max-turns", "2", "--rollout-max-response-len", "12",
+             "--num-rollout", "2", "--no-use-ray", "--rollout-backend", "sglang-compat",
+             "--rollout-engine-urls", *urls, "--output-dir", str(tmp_path / "run")],
+            cwd=tmp_path, capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        with urllib.request.urlopen(f"{urls[0]}/model_info") as answer:
+            assert json.load(answer)["weight_version"] == "2"  # the server outlives the run
+    second = (tmp_path / "run" / "trajectories" / "rollout_00001.jsonl").read_text().splitlines()
+    assert {json.loads(line)["weight_version"] for line in second} == {"1"}

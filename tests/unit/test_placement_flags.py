@@ -26,7 +26,7 @@ def test_engine_counts():
 
 @pytest.mark.parametrize(("flags", "message"), [
     ({"rollout_num_gpus": -1}, "--rollout-num-gpus must be >= 0"),
-    ({"rollout_num_gpus": 2, "rollout_num_gpus_per_engine": 2}, "--rollout-num-gpus-per-engine 2"),
+    ({"rollout_num_gpus": 3, "rollout_num_gpus_per_engine": 2}, "not a multiple"),
     ({"rollout_num_gpus": 2, "use_ray": False}, "drop --no-use-ray"),
     ({"colocate": True, "rollout_num_gpus": 3}, "--rollout-num-gpus must be 1"),
     ({"use_fault_tolerance": True}, "--use-fault-tolerance restarts engine actors"),

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from agentrl.errors import EngineError
@@ -85,20 +85,34 @@ class SGLangEngine(Engine):
         self._inflight = dict.fromkeys(self.workers, 0)
         self._affinity: dict[str, str] = {}
         self.stats = {"requests": 0, "retries": 0}
+        self._released = False
+        self._resuming = asyncio.Lock()
+        self.on_close: list[Callable[[], Awaitable[None]]] = []
+        """Called by :meth:`close` (e.g. stopping servers this run started)."""
 
     @classmethod
     async def connect(cls, worker_urls: Sequence[str], *, wait_s: float = 600.0,
-                      **kwargs: Any) -> SGLangEngine:  # fmt: skip
+                      alive: Callable[[], bool] | None = None, **kwargs: Any) -> SGLangEngine:  # fmt: skip
         """Waits (up to ``wait_s``) until every worker answers ``/health_generate``, reads the
         context length from ``/server_info`` and returns the engine.
 
+        Args:
+            worker_urls: The servers.
+            wait_s: How long a server may take to come up.
+            alive: For servers started by the caller: False once one of them has exited (no
+                point waiting longer).
+            **kwargs: The constructor's.
+
         Raises:
-            EngineError: A worker did not come up in time.
+            EngineError: A worker did not come up in time, or exited.
         """
         engine = cls(worker_urls, **kwargs)
         deadline = time.monotonic() + wait_s
         for url in engine.workers:
             while not await engine._healthy(url):
+                if alive is not None and not alive():
+                    await engine.close()
+                    raise EngineError(f"SGLang server {url} exited while starting")
                 if time.monotonic() > deadline:
                     await engine.close()
                     raise EngineError(f"SGLang server {url} did not answer /health_generate "
@@ -121,6 +135,8 @@ class SGLangEngine(Engine):
         """See :meth:`Engine.generate`. Through the router when there is one."""
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self._limit)
+        if self._released:
+            await self._resume_all()
         body = generate_request(input_ids, sampling, rid)
         worker = self.router or self._worker_for(episode_key(rid))
         async with self._semaphore:
@@ -149,7 +165,9 @@ class SGLangEngine(Engine):
             raise EngineError("update_weights needs exactly one of state_dict and path")
         if state_dict is not None:
             raise EngineError("tensor weight pushes to SGLang servers are not supported yet: use "
-                              "--weight-sync disk")  # fmt: skip
+                              "--weight-sync disk (or auto)")  # fmt: skip
+        if self._released:  # SGLang's order after a release: weights back, push, then the rest
+            await self._each("POST", "/resume_memory_occupation", {"tags": ["weights"]})
         await self._each("POST", "/pause_generation", {"mode": "in_place"})
         try:
             answers = await self._each("POST", "/update_weights_from_disk", {
@@ -157,6 +175,9 @@ class SGLangEngine(Engine):
                 "abort_all_requests": False})  # fmt: skip
         finally:
             await self._each("POST", "/continue_generation", {})
+            if self._released:
+                await self._each("POST", "/resume_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]})
+                self._released = False
         failed = [a for a in answers if isinstance(a, dict) and not a.get("success", True)]
         if failed:
             raise EngineError(f"update_weights_from_disk {path!r} failed: {failed[0].get('message')}")
@@ -190,20 +211,57 @@ class SGLangEngine(Engine):
 
     async def release_memory(self) -> None:
         """Colocated: every server frees its KV cache (and, with ``--enable-memory-saver``, its
-        weights) while the trainer runs; the server must be idle."""
+        weights) while the trainer runs; the server must be idle. The next weight update takes
+        the memory back in SGLang's order (weights, push, KV cache); so does the next request
+        if no update comes first."""
         await self._each("POST", "/release_memory_occupation", {})
+        self._released = True
 
-    async def resume_memory(self, tags: Sequence[str] | None = None) -> None:
-        """Takes memory back (SGLang's order: ``["weights"]``, then push, then the rest)."""
-        await self._each("POST", "/resume_memory_occupation", {"tags": list(tags)} if tags else {})
+    async def _resume_all(self) -> None:
+        async with self._resuming:
+            if self._released:
+                await self._each("POST", "/resume_memory_occupation", {})
+                self._released = False
 
     async def health(self) -> bool:
         return any(await asyncio.gather(*(self._healthy(u) for u in self.workers)))
 
+    async def wait_router(self, process: Any = None, wait_s: float = 120.0) -> None:
+        """Waits until the router answers ``/health`` and routes a request (it probes its
+        workers first).
+
+        Raises:
+            EngineError: It did not, or ``process`` (the router's) exited.
+        """
+        import aiohttp
+
+        assert self.router is not None
+        session = await self._client()
+        deadline = time.monotonic() + wait_s
+        while True:
+            if process is not None and process.poll() is not None:
+                raise EngineError(f"sglang-router exited with status {process.returncode}")
+            try:
+                async with session.get(f"{self.router}/health") as r:
+                    if r.status == 200:
+                        probe = generate_request([0], SamplingParams(max_new_tokens=1, temperature=0.0), None)
+                        async with session.post(f"{self.router}/generate", json=probe) as g:
+                            if g.status == 200:
+                                return
+            except (aiohttp.ClientError, asyncio.TimeoutError):  # noqa: UP041
+                pass
+            if time.monotonic() > deadline:
+                raise EngineError(f"sglang-router at {self.router} did not route within {wait_s:.0f} s")
+            await asyncio.sleep(0.3)
+
     async def close(self) -> None:
+        """Closes the HTTP session, then runs :attr:`on_close`. Safe to call twice."""
         session, self._session = self._session, None
         if session is not None:
             await session.close()
+        callbacks, self.on_close = self.on_close, []
+        for callback in callbacks:
+            await callback()
 
     # --- HTTP -----------------------------------------------------------------------------
 
