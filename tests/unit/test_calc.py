@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 import agentrl
@@ -92,3 +94,60 @@ def test_reset_without_task_draws_from_split():
     for seed in range(20):
         _, info = env.reset(seed=seed)
         assert split_of(info["task"]["question"]) == "test"
+
+
+def test_compact_prompt_shows_the_call_and_lists_no_schema():
+    env = agentrl.make_env("calc", compact=True)
+    obs, info = env.reset(seed=0)
+    assert info["tools"] == [] and env.toolbox.names == ["calculator"]  # the tool still runs
+    system = obs[0]["content"]
+    assert '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2*3+4"}}\n</tool_call>' in system
+    assert "Answer: <integer>" in system
+    # the example call is written in the env's own tool-call format, which parses it back
+    for fmt in ("hermes", "llama3", "pythonic"):
+        env = agentrl.make_env("calc", compact=True, tool_call_format=fmt)
+        example = env.system_prompt.split("\n", 1)[1].rsplit("\n", 1)[0]
+        assert [c.name for c in env.format.parse(example).tool_calls] == ["calculator"]
+    with pytest.raises(ValueError, match="compact"):
+        agentrl.make_env("calc", compact="yes")
+
+
+def test_compact_oracle_is_terse_and_solves_every_task():
+    env = agentrl.make_env("calc", compact=True)
+    tasks = load_tasks("test", 50)
+    assert sum(_play(env, t, calc_oracle) for t in tasks) == len(tasks)
+    call, answer = [m for m in env.messages if m["role"] == "assistant"]
+    assert call["content"] == "" and [c["name"] for c in call["tool_calls"]] == ["calculator"]
+    assert answer["content"] == f"Answer: {tasks[-1]['answer']}"
+
+
+def test_default_prompt_is_unchanged():
+    from agentrl_envs.calc.env import SYSTEM_PROMPT
+
+    obs, info = agentrl.make_env("calc").reset(seed=0)
+    assert obs[0]["content"] == SYSTEM_PROMPT and [s["function"]["name"] for s in info["tools"]] == ["calculator"]
+
+
+def test_env_kwarg_flag_reaches_the_env_and_shortens_samples():
+    from agentrl.errors import ConfigError
+    from agentrl.rollout.build import make_rollout_context
+    from agentrl.rollout.config import RolloutConfig
+    from agentrl.rollout.demonstrations import oracle_sample
+    from agentrl.rollout.sample import Sample
+    from tests.unit.test_rollout_episode import make_ctx
+
+    with pytest.raises(ConfigError, match="--env-kwarg expects KEY=VALUE"):
+        RolloutConfig(env="calc", env_kwarg=["compact"]).validate()
+    config = RolloutConfig(env="calc", env_kwarg=["compact=true", "split=test"], rollout_max_context_len=1024)
+    config.validate()
+    assert config.env_kwargs == {"compact": True, "split": "test"}
+    base = make_ctx()
+    lengths = []
+    for flags in ([], ["compact=true"]):
+        config = RolloutConfig(env="calc", env_kwarg=flags, rollout_max_context_len=1024)
+        ctx = make_rollout_context(config, base.engine, base.renderer.tokenizer)
+        assert ctx.env_factory().compact is bool(flags)
+        sample = asyncio.run(oracle_sample(ctx, Sample(group_id=0, metadata={"seed": 3})))
+        assert sample.reward == 1.0
+        lengths.append(len(sample.tokens))
+    assert lengths[1] < lengths[0] / 2
