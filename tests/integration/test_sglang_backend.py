@@ -41,9 +41,11 @@ def wait_http(url: str, timeout: float = 120.0) -> None:
 
 
 @contextlib.contextmanager
-def servers(count: int) -> Iterator[list[str]]:
-    """``count`` SGLang-compatible servers on the tiny model; their URLs."""
-    procs, urls = [], []
+def servers(count: int, procs: list | None = None) -> Iterator[list[str]]:
+    """``count`` SGLang-compatible servers on the tiny model; their URLs (their processes are
+    appended to ``procs``)."""
+    procs = [] if procs is None else procs
+    urls = []
     try:
         for _ in range(count):
             port = free_port()
@@ -118,6 +120,19 @@ def test_client_generates_updates_weights_pauses_and_aborts(tmp_path):
                 await engine.update_weights(path=str(tmp_path / "missing"), version="8")
             assert engine.weight_version == "7"
 
+            # and from tensors, in several buckets; the version moves with the last bucket
+            original = read_checkpoint(build_tiny_model())
+            engine.bucket_bytes = 64 * 1024
+            await engine.update_weights(state_dict=original, version="9")
+            for i in range(2):
+                got = await engine.generate([5, 6, 7], SEEDED, rid=f"t{i}-t0")
+                assert (got.weight_version, got.output_ids) == ("9", await reference([5, 6, 7], SEEDED))
+            with pytest.raises(EngineError, match="update_weights_from_tensor"):
+                await engine.update_weights(state_dict={"no.such.weight": original["lm_head.weight"]
+                                                        if "lm_head.weight" in original else
+                                                        next(iter(original.values()))}, version="10")  # fmt: skip
+            expected = await reference([5, 6, 7], SEEDED)
+
             # pause in abort mode ends what runs with "abort"; abort-all leaves the servers idle
             long = SamplingParams(max_new_tokens=4000, ignore_eos=True, sampling_seed=1)
             running = asyncio.create_task(engine.generate([5], long, rid="long-t0"))
@@ -160,6 +175,45 @@ def test_through_the_sglang_router():
         asyncio.run(scenario(urls, router_url))
 
 
+@pytest.mark.parametrize("through_router", [True, False], ids=["router", "client-routing"])
+def test_a_server_killed_mid_rollout_loses_no_sample(through_router):
+    """Episodes on a server that dies continue on the other (the router retries them, or the
+    client fails over): every sample of the rollout is present once and none failed."""
+    from agentrl.rollout import RolloutRunner, load_data_source, make_rollout_context
+    from agentrl.rollout.config import RolloutConfig
+    from agentrl.rollout.sample import Status
+
+    async def scenario(urls: list[str], router_url: str | None, procs: list) -> None:
+        engine = await SGLangEngine.connect(urls, router_url=router_url,
+                                            tokenizer=load_tokenizer(build_tiny_model()))  # fmt: skip
+        try:
+            args = RolloutConfig(env="calc", max_turns=3, rollout_batch_size=8, n_samples_per_prompt=4,
+                                 rollout_max_response_len=64, rollout_concurrency=32)  # fmt: skip
+            runner = RolloutRunner.from_args(make_rollout_context(args, engine, engine.tokenizer),
+                                             load_data_source(args))  # fmt: skip
+            rollout = asyncio.create_task(runner.generate(0))
+            await asyncio.sleep(0.3)
+            assert not rollout.done()
+            procs[0].kill()
+            batch = await rollout
+            await runner.close()
+            keys = [(s.group_id, s.index) for s in batch.samples]
+            assert len(keys) == 32 and len(set(keys)) == 32
+            assert {s.status for s in batch.samples} <= {Status.COMPLETED, Status.TRUNCATED}
+            if router_url is None:
+                assert engine.down == {urls[0]}
+        finally:
+            await engine.close()
+
+    procs: list = []
+    with servers(2, procs) as urls:
+        if through_router:
+            with router(urls) as router_url:
+                asyncio.run(scenario(urls, router_url, procs))
+        else:
+            asyncio.run(scenario(urls, None, procs))
+
+
 def test_a_server_that_never_comes_up_is_reported():
     async def scenario() -> None:
         with pytest.raises(EngineError, match="did not answer /health_generate"):
@@ -169,8 +223,8 @@ def test_a_server_that_never_comes_up_is_reported():
 
 
 def test_train_py_uses_already_running_servers(tmp_path):
-    """--rollout-engine-urls: train.py starts no server; it plays, trains and pushes weights from
-    disk to the ones it was given."""
+    """--rollout-engine-urls: train.py starts no server; it plays, trains and pushes weights (as
+    tensors) to the ones it was given."""
     import json
 
     root = Path(__file__).resolve().parents[2]
@@ -179,7 +233,7 @@ def test_train_py_uses_already_running_servers(tmp_path):
             [sys.executable, str(root / "train.py"), "--env", "calc", "--rollout-batch-size", "2",
              "--n-samples-per-prompt", "2", "--max-turns", "2", "--rollout-max-response-len", "12",
              "--num-rollout", "2", "--no-use-ray", "--rollout-backend", "sglang-compat",
-             "--rollout-engine-urls", *urls, "--output-dir", str(tmp_path / "run")],
+             "--rollout-engine-urls", *urls, "--weight-sync", "tensor", "--output-dir", str(tmp_path / "run")],
             cwd=tmp_path, capture_output=True, text=True, timeout=600)  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         with urllib.request.urlopen(f"{urls[0]}/model_info") as answer:

@@ -84,3 +84,20 @@ def test_the_compat_server_answers_in_the_contract_and_reads_our_requests(api):
     assert answer.meta_info.finish_reason.matched == 6
     body = generate_request([1, 2], FULL, rid="a-t0")
     assert sampling_from_sglang(body["sampling_params"]) == FULL
+
+
+def test_tensor_buckets_bound_the_request_size_and_keep_order():
+    import base64
+    import pickle
+
+    import torch
+
+    from agentrl.rollout.engine.sglang import serialize_named_tensors, tensor_buckets
+
+    state = {f"w{i}": torch.full((10,), float(i)) for i in range(5)}  # 40 bytes each
+    buckets = tensor_buckets(state, max_bytes=100)
+    assert [[n for n, _ in b] for b in buckets] == [["w0", "w1"], ["w2", "w3"], ["w4"]]
+    assert [[n for n, _ in b] for b in tensor_buckets({"big": torch.zeros(100)}, 10)] == [["big"]]
+    assert tensor_buckets({}, 10) == []
+    pairs = pickle.loads(base64.b64decode(serialize_named_tensors(buckets[1])))
+    assert [n for n, _ in pairs] == ["w2", "w3"] and torch.equal(pairs[1][1], state["w3"])

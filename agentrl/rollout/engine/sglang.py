@@ -27,7 +27,8 @@ from typing import Any, Literal
 from agentrl.errors import EngineError
 from agentrl.rollout.engine.base import Engine, GenerateOutput, SamplingParams, episode_key
 
-__all__ = ["SGLangEngine", "generate_request"]
+__all__ = ["SGLangEngine", "WorkerUnreachable", "generate_request", "serialize_named_tensors",
+           "tensor_buckets"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,44 @@ def generate_request(input_ids: Sequence[int], sampling: SamplingParams, rid: st
     return body
 
 
+def tensor_buckets(state_dict: Mapping[str, Any], max_bytes: int) -> list[list[tuple[str, Any]]]:
+    """``(name, tensor)`` pairs in order, grouped so that no group but a lone oversized tensor
+    exceeds ``max_bytes``."""
+    buckets: list[list[tuple[str, Any]]] = [[]]
+    size = 0
+    for name, tensor in state_dict.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if buckets[-1] and size + nbytes > max_bytes:
+            buckets.append([])
+            size = 0
+        buckets[-1].append((name, tensor))
+        size += nbytes
+    return buckets if buckets[0] else []
+
+
+def serialize_named_tensors(pairs: Sequence[tuple[str, Any]]) -> str:
+    """One ``serialized_named_tensors`` entry of ``/update_weights_from_tensor``: base64 of a
+    pickle of ``[(hf_name, tensor), ...]``, which SGLang unpickles. CUDA tensors are pickled
+    with torch's multiprocessing reductions (CUDA IPC handles: the server must share the GPU,
+    i.e. be colocated); CPU tensors carry their bytes (any server that can be reached)."""
+    import base64
+    import io
+    import pickle
+
+    buffer = io.BytesIO()
+    if any(t.is_cuda for _, t in pairs):
+        from torch.multiprocessing.reductions import ForkingPickler
+
+        ForkingPickler(buffer, pickle.HIGHEST_PROTOCOL).dump([(name, t.detach()) for name, t in pairs])
+    else:
+        pickle.dump([(name, t.detach().contiguous()) for name, t in pairs], buffer, pickle.HIGHEST_PROTOCOL)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+class WorkerUnreachable(EngineError):
+    """A server did not accept the connection (it died or never started)."""
+
+
 class SGLangEngine(Engine):
     """SGLang servers as one engine.
 
@@ -63,12 +102,15 @@ class SGLangEngine(Engine):
         max_retries: Retries of a request after a connection error or a 5xx answer.
         timeout_s: Seconds one request may take.
         weight_version: The version the servers started with.
+        tp_size: Tensor-parallel ranks per server (one serialized entry each in tensor pushes).
+        bucket_bytes: Largest tensor-push request.
     """
 
     def __init__(
         self, worker_urls: Sequence[str], *, router_url: str | None = None, tokenizer: Any = None,
         max_context_len: int | None = None, concurrency: int = 64, max_retries: int = 5,
-        timeout_s: float = 3600.0, weight_version: str = "0",
+        timeout_s: float = 3600.0, weight_version: str = "0", tp_size: int = 1,
+        bucket_bytes: int = 512 * 2**20,
     ) -> None:  # fmt: skip
         if not worker_urls:
             raise EngineError("SGLangEngine needs at least one worker URL")
@@ -78,13 +120,17 @@ class SGLangEngine(Engine):
         self.max_context_len = max_context_len
         self.max_retries = max_retries
         self.timeout_s = timeout_s
+        self.tp_size = tp_size
+        self.bucket_bytes = bucket_bytes
         self._version = str(weight_version)
         self._limit = max(1, concurrency) * len(self.workers)
         self._semaphore: asyncio.Semaphore | None = None
         self._session: Any = None
         self._inflight = dict.fromkeys(self.workers, 0)
         self._affinity: dict[str, str] = {}
-        self.stats = {"requests": 0, "retries": 0}
+        self.stats = {"requests": 0, "retries": 0, "failovers": 0}
+        self.down: set[str] = set()
+        """Workers found unreachable (skipped until :meth:`readmit`)."""
         self._released = False
         self._resuming = asyncio.Lock()
         self.on_close: list[Callable[[], Awaitable[None]]] = []
@@ -138,13 +184,23 @@ class SGLangEngine(Engine):
         if self._released:
             await self._resume_all()
         body = generate_request(input_ids, sampling, rid)
-        worker = self.router or self._worker_for(episode_key(rid))
         async with self._semaphore:
-            self._inflight[worker] = self._inflight.get(worker, 0) + 1
-            try:
-                answer = await self._request("POST", f"{worker}/generate", body)
-            finally:
-                self._inflight[worker] -= 1
+            while True:
+                worker = self.router or self._worker_for(episode_key(rid))
+                failover = self.router is None and len(self.workers) - len(self.down) > 1
+                self._inflight[worker] = self._inflight.get(worker, 0) + 1
+                try:
+                    # without a router, an unreachable worker is left at once for a live one
+                    answer = await self._request("POST", f"{worker}/generate", body,
+                                                 retry_unreachable=not failover)  # fmt: skip
+                    break
+                except WorkerUnreachable:
+                    if not failover:
+                        raise
+                    self._mark_down(worker)
+                    self.stats["failovers"] += 1
+                finally:
+                    self._inflight[worker] -= 1
         self.stats["requests"] += 1
         if isinstance(answer, list):  # a batch answer to a single request: take its only item
             answer = answer[0]
@@ -155,24 +211,33 @@ class SGLangEngine(Engine):
         version: str,
     ) -> None:  # fmt: skip
         """See :meth:`Engine.update_weights`: pause in place, load, flush the prefix cache,
-        continue. ``path`` is a Hugging Face directory every server can read.
+        continue. ``path`` is a Hugging Face directory every server can read (``/update_weights
+        _from_disk``); ``state_dict`` goes to ``/update_weights_from_tensor`` in buckets of at most
+        ``bucket_bytes`` (see :func:`serialize_named_tensors`), the version set with the last.
 
         Raises:
-            EngineError: A server refused the weights, or ``state_dict`` was given (tensor
-                pushes to SGLang need colocated engines: use ``--weight-sync disk``).
+            EngineError: A server refused the weights.
         """
         if (state_dict is None) == (path is None):
             raise EngineError("update_weights needs exactly one of state_dict and path")
-        if state_dict is not None:
-            raise EngineError("tensor weight pushes to SGLang servers are not supported yet: use "
-                              "--weight-sync disk (or auto)")  # fmt: skip
         if self._released:  # SGLang's order after a release: weights back, push, then the rest
             await self._each("POST", "/resume_memory_occupation", {"tags": ["weights"]})
         await self._each("POST", "/pause_generation", {"mode": "in_place"})
         try:
-            answers = await self._each("POST", "/update_weights_from_disk", {
-                "model_path": path, "weight_version": str(version), "flush_cache": True,
-                "abort_all_requests": False})  # fmt: skip
+            if path is not None:
+                answers = await self._each("POST", "/update_weights_from_disk", {
+                    "model_path": path, "weight_version": str(version), "flush_cache": True,
+                    "abort_all_requests": False})  # fmt: skip
+            else:
+                assert state_dict is not None
+                answers = []
+                buckets = tensor_buckets(state_dict, self.bucket_bytes)
+                for i, bucket in enumerate(buckets):
+                    last = i == len(buckets) - 1
+                    answers += await self._each("POST", "/update_weights_from_tensor", {
+                        "serialized_named_tensors": [serialize_named_tensors(bucket)] * self.tp_size,
+                        "load_format": None, "flush_cache": last,
+                        "weight_version": str(version) if last else None})  # fmt: skip
         finally:
             await self._each("POST", "/continue_generation", {})
             if self._released:
@@ -180,7 +245,8 @@ class SGLangEngine(Engine):
                 self._released = False
         failed = [a for a in answers if isinstance(a, dict) and not a.get("success", True)]
         if failed:
-            raise EngineError(f"update_weights_from_disk {path!r} failed: {failed[0].get('message')}")
+            source = f"from disk {path!r}" if path is not None else "from tensors"
+            raise EngineError(f"updating weights {source} failed: {failed[0].get('message')}")
         self._version = str(version)
 
     async def pause(self, mode: Literal["abort", "in_place"] = "abort") -> None:
@@ -265,10 +331,21 @@ class SGLangEngine(Engine):
 
     # --- HTTP -----------------------------------------------------------------------------
 
+    def _mark_down(self, worker: str) -> None:
+        if worker not in self.down:
+            log.warning("SGLang server %s is unreachable; its episodes continue on the others", worker)
+            self.down.add(worker)
+            self._affinity = {k: w for k, w in self._affinity.items() if w != worker}
+
+    def readmit(self, worker: str) -> None:
+        """Routes to ``worker`` again (after it was restarted)."""
+        self.down.discard(worker)
+
     def _worker_for(self, episode: str | None) -> str:
         worker = self._affinity.get(episode) if episode is not None else None
         if worker is None:
-            worker = min(self.workers, key=lambda u: self._inflight.get(u, 0))
+            live = [u for u in self.workers if u not in self.down] or self.workers
+            worker = min(live, key=lambda u: self._inflight.get(u, 0))
             if episode is not None:
                 if len(self._affinity) > 100_000:
                     self._affinity.clear()
@@ -285,17 +362,21 @@ class SGLangEngine(Engine):
             )  # fmt: skip
         return self._session
 
-    async def _request(self, method: str, url: str, body: Any = None) -> Any:
+    async def _request(self, method: str, url: str, body: Any = None, *,
+                       retry_unreachable: bool = True) -> Any:  # fmt: skip
         """One HTTP call with retries; the decoded JSON answer (or ``None`` for an empty one).
 
         Raises:
             EngineError: A 4xx answer (not retried), or retries exhausted.
+            WorkerUnreachable: A connection error, with ``retry_unreachable`` off or retries
+                exhausted.
         """
         import aiohttp
 
         session = await self._client()
         delay = 0.25
         for attempt in range(self.max_retries + 1):
+            unreachable = False
             try:
                 async with session.request(method, url, json=body) as response:
                     text = await response.text()
@@ -305,16 +386,21 @@ class SGLangEngine(Engine):
                         raise EngineError(f"{method} {url}: HTTP {response.status}: {text[:500]}")
                     problem = f"HTTP {response.status}: {text[:200]}"
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:  # noqa: UP041
-                problem = f"{type(exc).__name__}: {exc}"
+                problem, unreachable = f"{type(exc).__name__}: {exc}", True
+                if not retry_unreachable:
+                    raise WorkerUnreachable(f"{method} {url}: {problem}") from exc
             if attempt < self.max_retries:
                 self.stats["retries"] += 1
                 log.warning("%s %s failed (%s); retry %d in %.2f s", method, url, problem, attempt + 1, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 8.0)
-        raise EngineError(f"{method} {url} failed after {self.max_retries + 1} attempts: {problem}")
+        error = WorkerUnreachable if unreachable else EngineError
+        raise error(f"{method} {url} failed after {self.max_retries + 1} attempts: {problem}")
 
     async def _each(self, method: str, path: str, body: Any = None) -> list[Any]:
-        return list(await asyncio.gather(*(self._request(method, f"{u}{path}", body) for u in self.workers)))
+        """Calls every reachable worker (one marked down is skipped)."""
+        live = [u for u in self.workers if u not in self.down]
+        return list(await asyncio.gather(*(self._request(method, f"{u}{path}", body) for u in live)))
 
     async def _healthy(self, url: str) -> bool:
         import aiohttp

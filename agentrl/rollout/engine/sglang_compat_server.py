@@ -11,6 +11,7 @@ tensor parallelism, no CUDA graphs.
 Endpoints: ``/generate`` (token ids in, ``output_token_logprobs`` out; unknown
 ``sampling_params`` keys are rejected with 400, as SGLang does), ``/abort_request``,
 ``/pause_generation``, ``/continue_generation``, ``/flush_cache``, ``/update_weights_from_disk``,
+``/update_weights_from_tensor``,
 ``/release_memory_occupation``, ``/resume_memory_occupation``, ``/health``,
 ``/health_generate``, ``/ready``, ``/model_info``, ``/server_info``, ``/get_load``,
 ``/v1/loads``.
@@ -20,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import dataclasses
 import logging
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +201,30 @@ def build_app(engine: EmbeddedEngine, model_path: str) -> web.Application:
             return web.json_response({"success": False, "message": str(exc)}, status=400)
         state.model_path = path
         return web.json_response({"success": True, "message": f"loaded {path}", "num_paused_requests": 0})
+
+    @routes.post("/update_weights_from_tensor")
+    async def update_from_tensor(request: web.Request) -> web.Response:
+        # Unpickles what the client sent, as SGLang does: serve on loopback or a trusted network.
+        req = await body(request)
+        entries = req.get("serialized_named_tensors")
+        if req.get("load_format") is not None:
+            return web.json_response({"success": False, "message": f"load_format {req['load_format']!r} "
+                                      "is not supported (only the default)"}, status=400)  # fmt: skip
+        if not isinstance(entries, list) or not entries or not isinstance(entries[0], str):
+            return web.json_response({"success": False, "message": "serialized_named_tensors: one "
+                                      "base64 string per TP rank is required"}, status=400)  # fmt: skip
+        try:
+            pairs = pickle.loads(base64.b64decode(entries[0]))  # this server is TP rank 0
+            tensors = {str(name): tensor for name, tensor in pairs}
+        except Exception as exc:  # noqa: BLE001 - any undecodable payload is the client's error
+            return web.json_response({"success": False, "message": f"cannot decode tensors: {exc}"}, status=400)
+        version = req.get("weight_version")
+        try:
+            # a bucket is a subset of the parameters; the version changes with the last bucket
+            await state.engine.update_weights(state_dict=tensors, version=str(version or state.engine.weight_version))
+        except EngineError as exc:
+            return web.json_response({"success": False, "message": str(exc)}, status=400)
+        return web.json_response({"success": True, "message": f"loaded {len(tensors)} tensors"})
 
     @routes.post("/release_memory_occupation")
     async def release(request: web.Request) -> web.Response:
