@@ -213,6 +213,21 @@ class TrainerGroup:
         ray.wait(refs[:1], fetch_local=False)
         return refs[0]
 
+    def rank0_address(self) -> tuple[str, int]:
+        """Rank 0's node address and a free port there (e.g. for a weight-broadcast group)."""
+        import ray
+
+        return ray.get(self.ranks[0].address.remote())
+
+    def open_weight_group(self, *args: Any) -> None:
+        self._all("open_weight_group", *args)
+
+    def weight_metadata(self) -> dict[str, list[Any]]:
+        return self._all("weight_metadata")
+
+    def broadcast_weights(self) -> None:
+        self._all("broadcast_weights")
+
     def save_checkpoint(self, directory: str | Path, extra: dict[str, Any] | None = None) -> None:
         self._all("save_checkpoint", str(directory), extra)
 

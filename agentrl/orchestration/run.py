@@ -41,8 +41,9 @@ class RunConfig:
     weight_sync: str = option("auto", "how weights reach the engines: tensor (in memory; Ray's "
                               "shared-memory object store for engine actors), disk (a Hugging "
                               "Face directory under <output-dir>/weights), auto (tensor for "
-                              "embedded engines, disk for SGLang servers)",
-                              choices=("auto", "tensor", "disk"))
+                              "embedded engines, disk for SGLang servers), broadcast (SGLang "
+                              "servers: NCCL from the trainer's rank 0; gloo on CPU)",
+                              choices=("auto", "tensor", "disk", "broadcast"))
     eval_interval: int | None = option(None, "evaluate every N rollouts (and before the first)")
     output_dir: str = option("runs/latest", "where metrics, trajectories and checkpoints go")
     save_trajectories: bool = option(True, "write each rollout's samples as JSONL")
@@ -101,6 +102,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Args:
         cluster = from_namespace(ClusterConfig, namespace)
         cluster.validate(trainer.tensor_model_parallel_size)
         check_backend_placement(rollout, cluster)
+        if run.weight_sync == "broadcast" and rollout.rollout_backend == "embedded":
+            raise ConfigError("--weight-sync broadcast is for SGLang servers: use it with "
+                              "--rollout-backend sglang (or sglang-compat)")
         steps_per_rollout(trainer, rollout.rollout_batch_size, rollout.n_samples_per_prompt)
         if trainer.load:
             latest_checkpoint(trainer.load)

@@ -427,6 +427,29 @@ class MegatronActor:
         collective: every TP rank calls it), as ``Engine.update_weights(state_dict=...)`` takes."""
         return export_hf_state_dict(self.model)
 
+    def open_weight_group(self, master_address: str, master_port: int, world_size: int,
+                          group_name: str, backend: str) -> None:  # fmt: skip
+        """Global rank 0 joins a weight-broadcast group with inference servers as its rank 0 and
+        hosts its rendezvous (see :class:`~agentrl.rollout.engine.weight_group.WeightGroup`);
+        blocks until every server has joined. Other ranks do nothing."""
+        from agentrl.rollout.engine.weight_group import WeightGroup
+
+        if _global_rank() == 0:
+            self.weight_group = WeightGroup(master_address, master_port, 0, world_size, group_name, backend)
+
+    def weight_metadata(self) -> dict[str, list[Any]]:
+        """Names, dtypes and shapes of :meth:`hf_state_dict` (a collective, like it)."""
+        from agentrl.rollout.engine.weight_group import WeightGroup
+
+        return WeightGroup.metadata(self.hf_state_dict())
+
+    def broadcast_weights(self) -> None:
+        """Gathers the HF-named weights (a collective over tensor parallelism) and global rank 0
+        broadcasts them over the weight group, in :meth:`weight_metadata`'s order."""
+        state = self.hf_state_dict()
+        if _global_rank() == 0:
+            self.weight_group.send(state.values())
+
     def save_hf(self, out_dir: str | Path, tokenizer_dir: str | Path | None = None) -> Path:
         """Writes a Hugging Face directory (collective over all ranks; rank 0 writes)."""
         tokenizer_dir = tokenizer_dir or self.hf_checkpoint
@@ -482,6 +505,10 @@ class MegatronActor:
         self.step = int(state["step"])
         torch.set_rng_state(state["rng"])
         return dict(state.get("extra", {}))
+
+
+def _global_rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
 
 
 def _apply_step(ddp: Any, optimizer: Any, scheduler: Any) -> float:

@@ -211,6 +211,15 @@ def test_sglang_backend_through_the_router(tmp_path):
     assert len(second) == 4 and {json.loads(line)["weight_version"] for line in second} == {"1"}
     assert [p.name for p in (out / "weights").iterdir()] == ["v2"]
 
+    # the trainer's rank 0 (a Ray actor) broadcasts to both servers over a gloo group
+    broadcast = train(*TINY_RUN, "--num-rollout", "2", "--rollout-backend", "sglang-compat",
+                      "--rollout-num-gpus", "2", "--weight-sync", "broadcast", "--output-dir",
+                      str(tmp_path / "broadcast"), cwd=tmp_path)  # fmt: skip
+    assert broadcast.returncode == 0, broadcast.stderr[-3000:]
+    second = (tmp_path / "broadcast" / "trajectories" / "rollout_00001.jsonl").read_text().splitlines()
+    assert {json.loads(line)["weight_version"] for line in second} == {"1"}
+    assert not (tmp_path / "broadcast" / "weights").exists()
+
     bad = train(*TINY_RUN, "--rollout-backend", "sglang-compat", "--sglang-mem-fraction-static", "0.8",
                 "--rollout-num-gpus", "1", cwd=tmp_path)  # fmt: skip
     assert bad.returncode == 2 and "--sglang-mem-fraction-static" in bad.stderr

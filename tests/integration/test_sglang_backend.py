@@ -222,21 +222,47 @@ def test_a_server_that_never_comes_up_is_reported():
     asyncio.run(scenario())
 
 
-def test_train_py_uses_already_running_servers(tmp_path):
+@pytest.mark.parametrize("weight_sync", ["tensor", "broadcast"])
+def test_train_py_uses_already_running_servers(tmp_path, weight_sync):
     """--rollout-engine-urls: train.py starts no server; it plays, trains and pushes weights (as
-    tensors) to the ones it was given."""
+    tensors, or broadcast over a gloo group) to the ones it was given."""
     import json
 
     root = Path(__file__).resolve().parents[2]
+    rm = tmp_path / "rm.py"  # a reward with spread: real gradients, so the weights move
+    rm.write_text("def rm(args, sample):\n    return float(len(sample.response) % 3 == 0)\n")
     with servers(1) as urls:
         done = subprocess.run(
             [sys.executable, str(root / "train.py"), "--env", "calc", "--rollout-batch-size", "2",
              "--n-samples-per-prompt", "2", "--max-turns", "2", "--rollout-max-response-len", "12",
              "--num-rollout", "2", "--no-use-ray", "--rollout-backend", "sglang-compat",
-             "--rollout-engine-urls", *urls, "--weight-sync", "tensor", "--output-dir", str(tmp_path / "run")],
+             "--rollout-engine-urls", *urls, "--weight-sync", weight_sync, "--output-dir", str(tmp_path / "run"),
+             "--lr", "1e-2", "--custom-rm-path", str(rm), "--save-hf", str(tmp_path / "hf"),
+             "--save-interval", "2"],
             cwd=tmp_path, capture_output=True, text=True, timeout=600)  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         with urllib.request.urlopen(f"{urls[0]}/model_info") as answer:
             assert json.load(answer)["weight_version"] == "2"  # the server outlives the run
+
+        async def served_equals_trained() -> None:
+            engine = await SGLangEngine.connect(urls)
+            try:
+                served = (await engine.generate([5, 6, 7], SEEDED, rid="probe-t0")).output_logprobs
+            finally:
+                await engine.close()
+            trained = EmbeddedEngine.from_pretrained(tmp_path / "hf" / "rollout_00002")
+            try:
+                expected = (await trained.generate([5, 6, 7], SEEDED)).output_logprobs
+            finally:
+                await trained.close()
+            assert served == pytest.approx(expected, abs=1e-5)
+            untrained = EmbeddedEngine.from_pretrained(build_tiny_model())
+            try:
+                before = (await untrained.generate([5, 6, 7], SEEDED)).output_logprobs
+            finally:
+                await untrained.close()
+            assert served != pytest.approx(before, abs=1e-5)  # training moved them
+
+        asyncio.run(served_equals_trained())
     second = (tmp_path / "run" / "trajectories" / "rollout_00001.jsonl").read_text().splitlines()
     assert {json.loads(line)["weight_version"] for line in second} == {"1"}

@@ -74,3 +74,9 @@ def test_sglang_backend_passes_every_sglang_flag():
     args = parse_args(["--env", "calc", "--rollout-backend", "sglang", "--rollout-num-gpus", "4",
                        "--rollout-num-gpus-per-engine", "2", "--sglang-mem-fraction-static", "0.8"])  # fmt: skip
     assert args.rollout.sglang_args == {"mem-fraction-static": "0.8"} and args.cluster.num_engines == 2
+
+
+def test_broadcast_weight_sync_needs_sglang(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--env", "calc", "--weight-sync", "broadcast"])
+    assert "--weight-sync broadcast is for SGLang servers" in capsys.readouterr().err

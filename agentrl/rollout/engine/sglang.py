@@ -19,9 +19,10 @@ recorded by the server and reported on every output.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from agentrl.errors import EngineError
@@ -129,6 +130,9 @@ class SGLangEngine(Engine):
         self._inflight = dict.fromkeys(self.workers, 0)
         self._affinity: dict[str, str] = {}
         self.stats = {"requests": 0, "retries": 0, "failovers": 0}
+        self.weight_group_name: str | None = None
+        """The weight-broadcast group the servers joined (``--weight-sync broadcast``)."""
+        self.weight_metadata: dict[str, list[Any]] | None = None
         self.down: set[str] = set()
         """Workers found unreachable (skipped until :meth:`readmit`)."""
         self._released = False
@@ -220,10 +224,7 @@ class SGLangEngine(Engine):
         """
         if (state_dict is None) == (path is None):
             raise EngineError("update_weights needs exactly one of state_dict and path")
-        if self._released:  # SGLang's order after a release: weights back, push, then the rest
-            await self._each("POST", "/resume_memory_occupation", {"tags": ["weights"]})
-        await self._each("POST", "/pause_generation", {"mode": "in_place"})
-        try:
+        async with self._swapping_weights():
             if path is not None:
                 answers = await self._each("POST", "/update_weights_from_disk", {
                     "model_path": path, "weight_version": str(version), "flush_cache": True,
@@ -238,16 +239,56 @@ class SGLangEngine(Engine):
                         "serialized_named_tensors": [serialize_named_tensors(bucket)] * self.tp_size,
                         "load_format": None, "flush_cache": last,
                         "weight_version": str(version) if last else None})  # fmt: skip
-        finally:
-            await self._each("POST", "/continue_generation", {})
-            if self._released:
-                await self._each("POST", "/resume_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]})
-                self._released = False
         failed = [a for a in answers if isinstance(a, dict) and not a.get("success", True)]
         if failed:
             source = f"from disk {path!r}" if path is not None else "from tensors"
             raise EngineError(f"updating weights {source} failed: {failed[0].get('message')}")
         self._version = str(version)
+
+    async def init_weight_group(self, master_address: str, master_port: int, group_name: str,
+                                backend: str = "nccl") -> int:  # fmt: skip
+        """Every server's TP ranks join the trainer's weight-broadcast group (the trainer, rank
+        0, joins concurrently; see :class:`~agentrl.rollout.engine.weight_group.WeightGroup`).
+        Returns the group's world size."""
+        live = [u for u in self.workers if u not in self.down]
+        world_size = 1 + self.tp_size * len(live)
+        await asyncio.gather(*(self._request("POST", f"{url}/init_weights_update_group", {
+            "master_address": master_address, "master_port": master_port,
+            "rank_offset": 1 + i * self.tp_size, "world_size": world_size,
+            "group_name": group_name, "backend": backend}) for i, url in enumerate(live)))  # fmt: skip
+        return world_size
+
+    async def update_weights_from_distributed(self, metadata: Mapping[str, list[Any]], version: str,
+                                              group_name: str) -> None:  # fmt: skip
+        """Receives a broadcast from the trainer (which sends concurrently, in ``metadata``'s
+        name order): pause in place, receive and load, continue.
+
+        Raises:
+            EngineError: A server failed to receive or load.
+        """
+        async with self._swapping_weights():
+            answers = await self._each("POST", "/update_weights_from_distributed", {
+                **metadata, "group_name": group_name, "weight_version": str(version),
+                "flush_cache": True})  # fmt: skip
+        failed = [a for a in answers if isinstance(a, dict) and not a.get("success", True)]
+        if failed:
+            raise EngineError(f"update_weights_from_distributed failed: {failed[0].get('message')}")
+        self._version = str(version)
+
+    @contextlib.asynccontextmanager
+    async def _swapping_weights(self) -> AsyncIterator[None]:
+        """Pause in place around a weight push; after a memory release, SGLang's order: weights
+        back first, the push, then the KV cache."""
+        if self._released:
+            await self._each("POST", "/resume_memory_occupation", {"tags": ["weights"]})
+        await self._each("POST", "/pause_generation", {"mode": "in_place"})
+        try:
+            yield
+        finally:
+            await self._each("POST", "/continue_generation", {})
+            if self._released:
+                await self._each("POST", "/resume_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]})
+                self._released = False
 
     async def pause(self, mode: Literal["abort", "in_place"] = "abort") -> None:
         await self._each("POST", "/pause_generation", {"mode": mode})

@@ -11,7 +11,8 @@ tensor parallelism, no CUDA graphs.
 Endpoints: ``/generate`` (token ids in, ``output_token_logprobs`` out; unknown
 ``sampling_params`` keys are rejected with 400, as SGLang does), ``/abort_request``,
 ``/pause_generation``, ``/continue_generation``, ``/flush_cache``, ``/update_weights_from_disk``,
-``/update_weights_from_tensor``,
+``/update_weights_from_tensor``, ``/init_weights_update_group``, ``/update_weights_from_distributed``
+(gloo on CPU), ``/destroy_weights_update_group``,
 ``/release_memory_occupation``, ``/resume_memory_occupation``, ``/health``,
 ``/health_generate``, ``/ready``, ``/model_info``, ``/server_info``, ``/get_load``,
 ``/v1/loads``.
@@ -33,6 +34,7 @@ from aiohttp import web
 from agentrl.errors import EngineError
 from agentrl.rollout.engine.base import GenerateOutput, SamplingParams
 from agentrl.rollout.engine.embedded import EmbeddedEngine
+from agentrl.rollout.engine.weight_group import WeightGroup
 
 __all__ = ["SAMPLING_KEYS", "build_app", "output_to_sglang", "sampling_from_sglang"]
 
@@ -114,6 +116,7 @@ class _State:
     engine: EmbeddedEngine
     model_path: str
     rids: int = 0
+    groups: dict[str, WeightGroup] = dataclasses.field(default_factory=dict)
 
 
 def build_app(engine: EmbeddedEngine, model_path: str) -> web.Application:
@@ -225,6 +228,40 @@ def build_app(engine: EmbeddedEngine, model_path: str) -> web.Application:
         except EngineError as exc:
             return web.json_response({"success": False, "message": str(exc)}, status=400)
         return web.json_response({"success": True, "message": f"loaded {len(tensors)} tensors"})
+
+    @routes.post("/init_weights_update_group")
+    async def init_group(request: web.Request) -> web.Response:
+        req = await body(request)
+        try:
+            group = await asyncio.to_thread(
+                WeightGroup, str(req["master_address"]), int(req["master_port"]),
+                int(req.get("rank_offset", 1)), int(req["world_size"]), str(req["group_name"]),
+                str(req.get("backend", "gloo")))  # fmt: skip
+        except (KeyError, ValueError, RuntimeError) as exc:
+            return web.json_response({"success": False, "message": f"{type(exc).__name__}: {exc}"}, status=400)
+        state.groups[str(req["group_name"])] = group
+        return web.json_response({"success": True, "message": "joined the weight update group"})
+
+    @routes.post("/update_weights_from_distributed")
+    async def update_from_distributed(request: web.Request) -> web.Response:
+        req = await body(request)
+        group = state.groups.get(str(req.get("group_name")))
+        if group is None:
+            return web.json_response({"success": False, "message": f"no weight update group "
+                                      f"{req.get('group_name')!r}: call init_weights_update_group"}, status=400)  # fmt: skip
+        names = list(req.get("names") or [])
+        try:
+            tensors = await asyncio.to_thread(group.receive, req["dtypes"], req["shapes"])
+            version = str(req.get("weight_version") or state.engine.weight_version)
+            await state.engine.update_weights(state_dict=dict(zip(names, tensors, strict=True)), version=version)
+        except (KeyError, ValueError, RuntimeError, EngineError) as exc:
+            return web.json_response({"success": False, "message": f"{type(exc).__name__}: {exc}"}, status=400)
+        return web.json_response({"success": True, "message": f"received {len(names)} tensors"})
+
+    @routes.post("/destroy_weights_update_group")
+    async def destroy_group(request: web.Request) -> web.Response:
+        state.groups.pop(str((await body(request)).get("group_name")), None)
+        return web.json_response({"success": True})
 
     @routes.post("/release_memory_occupation")
     async def release(request: web.Request) -> web.Response:
