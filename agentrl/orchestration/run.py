@@ -102,6 +102,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Args:
         cluster = from_namespace(ClusterConfig, namespace)
         cluster.validate(trainer.tensor_model_parallel_size)
         check_backend_placement(rollout, cluster)
+        if (cluster.use_fault_tolerance and rollout.rollout_backend != "embedded"
+                and run.weight_sync not in ("auto", "disk")):
+            raise ConfigError(f"--use-fault-tolerance with --rollout-backend {rollout.rollout_backend} "
+                              "restarts a server from the latest weights on disk: use --weight-sync "
+                              f"disk (or auto), not {run.weight_sync}")
         if run.weight_sync == "broadcast" and rollout.rollout_backend == "embedded":
             raise ConfigError("--weight-sync broadcast is for SGLang servers: use it with "
                               "--rollout-backend sglang (or sglang-compat)")
@@ -132,10 +137,9 @@ def check_backend_placement(rollout: RolloutConfig, cluster: ClusterConfig) -> N
         if not cluster.use_ray and not rollout.rollout_engine_urls:
             raise ConfigError(f"--rollout-backend {rollout.rollout_backend} places servers with "
                               "Ray: drop --no-use-ray")  # fmt: skip
-        if cluster.use_fault_tolerance:
-            raise ConfigError("--use-fault-tolerance restarts embedded engine actors; restarting "
-                              "SGLang servers is not implemented yet: drop it with "
-                              f"--rollout-backend {rollout.rollout_backend}")  # fmt: skip
+        if cluster.use_fault_tolerance and rollout.rollout_engine_urls:
+            raise ConfigError("--use-fault-tolerance restarts servers this run started; "
+                              "--rollout-engine-urls servers are someone else's: drop one of them")
         if rollout.rollout_backend == "sglang-compat" and cluster.rollout_num_gpus_per_engine != 1:
             raise ConfigError("--rollout-backend sglang-compat serves one device per engine: "
                               "--rollout-num-gpus-per-engine must be 1")

@@ -200,26 +200,6 @@ class RolloutConfig:
     def env_kwargs(self) -> dict[str, Any]:
         """``--env-kwarg`` pairs as the env's constructor keyword arguments."""
         kwargs: dict[str, Any] = {}
-        allowed = {"embedded": EMBEDDED_SGLANG_ARGS, "sglang-compat": COMPAT_SGLANG_ARGS}.get(self.rollout_backend)
-        unsupported = sorted(set(self.sglang_args) - allowed) if allowed is not None else []
-        if unsupported:
-            raise ConfigError(
-                f"--sglang-{unsupported[0]}: an SGLang server setting that --rollout-backend "
-                f"{self.rollout_backend} has no counterpart for; drop it (--rollout-backend sglang "
-                f"takes every --sglang-* flag; this one only --sglang-{', --sglang-'.join(sorted(allowed))})")
-        if self.rollout_backend not in BACKENDS:
-            raise ConfigError(f"--rollout-backend must be one of {', '.join(BACKENDS)}, got "
-                              f"{self.rollout_backend!r}")  # fmt: skip
-        if (self.rollout_engine_urls or self.rollout_router_url) and self.rollout_backend == "embedded":
-            raise ConfigError("--rollout-engine-urls / --rollout-router-url name SGLang servers: add "
-                              "--rollout-backend sglang (or sglang-compat)")
-        if self.rollout_router_url and not self.rollout_engine_urls:
-            raise ConfigError("--rollout-router-url needs --rollout-engine-urls too (aborts and "
-                              "weight updates go to every server directly)")
-        if "context-length" in self.sglang_args:
-            value = self.sglang_args["context-length"]
-            if value is None or not value.isdigit() or int(value) < 1:
-                raise ConfigError(f"--sglang-context-length must be a positive integer, got {value!r}")
         for pair in self.env_kwarg:
             key, _, value = pair.partition("=")
             try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import shutil
 import subprocess
 import sys
@@ -214,6 +215,56 @@ def test_a_server_killed_mid_rollout_loses_no_sample(through_router):
             asyncio.run(scenario(urls, None, procs))
 
 
+def test_fault_tolerance_restarts_a_dead_server_with_the_latest_weights(tmp_path):
+    """Servers started as Ray actors under --use-fault-tolerance: one is killed mid-rollout; the
+    rollout loses no sample, and the server comes back on its port serving the latest weights."""
+    import ray
+
+    from agentrl.orchestration.cluster import ClusterConfig, start_ray
+    from agentrl.orchestration.sglang_servers import launch_sglang
+    from agentrl.rollout import RolloutRunner, load_data_source, make_rollout_context
+    from agentrl.rollout.config import RolloutConfig
+    from agentrl.rollout.sample import Status
+
+    cluster = ClusterConfig(rollout_num_gpus=2, use_fault_tolerance=True, rollout_health_check_interval=0.5)
+    args = RolloutConfig(env="calc", max_turns=3, rollout_batch_size=8, n_samples_per_prompt=4,
+                         rollout_max_response_len=64, rollout_concurrency=32, rollout_backend="sglang-compat",
+                         router_policy="none")  # fmt: skip
+
+    async def scenario() -> None:
+        engine = await launch_sglang(args, cluster, build_tiny_model())
+        try:
+            await engine.update_weights(path=str(build_tiny_model()), version="5")
+            runner = RolloutRunner.from_args(make_rollout_context(args, engine, engine.tokenizer),
+                                             load_data_source(args))  # fmt: skip
+            rollout = asyncio.create_task(runner.generate(0))
+            await asyncio.sleep(0.3)
+            engine.servers.kill_server(0)
+            batch = await rollout
+            await runner.close()
+            keys = [(s.group_id, s.index) for s in batch.samples]
+            assert len(keys) == 32 and len(set(keys)) == 32
+            assert {s.status for s in batch.samples} <= {Status.COMPLETED, Status.TRUNCATED}
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 120
+            while engine.servers.restarts < 1 or engine.down:
+                assert loop.time() < deadline, "the server was not restarted"
+                await asyncio.sleep(0.2)
+            restarted = engine.servers.urls[0]
+            with urllib.request.urlopen(f"{restarted}/model_info") as answer:
+                assert json.load(answer)["weight_version"] == "5"
+            got = await engine.generate([5, 6, 7], SEEDED, rid="after-t0")
+            assert got.output_ids == await reference([5, 6, 7], SEEDED)
+        finally:
+            await engine.close()
+
+    start_ray(cluster)
+    try:
+        asyncio.run(scenario())
+    finally:
+        ray.shutdown()
+
+
 def test_a_server_that_never_comes_up_is_reported():
     async def scenario() -> None:
         with pytest.raises(EngineError, match="did not answer /health_generate"):
@@ -226,7 +277,6 @@ def test_a_server_that_never_comes_up_is_reported():
 def test_train_py_uses_already_running_servers(tmp_path, weight_sync):
     """--rollout-engine-urls: train.py starts no server; it plays, trains and pushes weights (as
     tensors, or broadcast over a gloo group) to the ones it was given."""
-    import json
 
     root = Path(__file__).resolve().parents[2]
     rm = tmp_path / "rm.py"  # a reward with spread: real gradients, so the weights move

@@ -57,8 +57,10 @@ def test_server_and_router_command_lines():
 
 @pytest.mark.parametrize(("flags", "message"), [
     (["--rollout-backend", "sglang"], "--rollout-num-gpus N"),
-    (["--rollout-backend", "sglang", "--rollout-num-gpus", "2", "--use-fault-tolerance"],
-     "SGLang servers is not implemented yet"),
+    (["--rollout-backend", "sglang", "--rollout-num-gpus", "2", "--use-fault-tolerance", "--weight-sync",
+      "tensor"], "from the latest weights on disk"),
+    (["--rollout-backend", "sglang", "--rollout-engine-urls", "http://a:1", "--use-fault-tolerance"],
+     "servers are someone else's"),
     (["--rollout-num-gpus", "2", "--rollout-num-gpus-per-engine", "2"], "tensor-parallel engines"),
     (["--rollout-engine-urls", "http://a:1"], "add --rollout-backend sglang"),
     (["--rollout-backend", "sglang", "--rollout-router-url", "http://r:1", "--rollout-num-gpus", "1"],

@@ -130,6 +130,10 @@ class SGLangEngine(Engine):
         self._inflight = dict.fromkeys(self.workers, 0)
         self._affinity: dict[str, str] = {}
         self.stats = {"requests": 0, "retries": 0, "failovers": 0}
+        self.last_weights_path: str | None = None
+        """The directory of the latest ``update_weights(path=...)`` (a restarted server loads it)."""
+        self.servers: Any = None
+        """Whoever started the servers (they stop when this engine closes), if not the caller."""
         self.weight_group_name: str | None = None
         """The weight-broadcast group the servers joined (``--weight-sync broadcast``)."""
         self.weight_metadata: dict[str, list[Any]] | None = None
@@ -244,6 +248,7 @@ class SGLangEngine(Engine):
             source = f"from disk {path!r}" if path is not None else "from tensors"
             raise EngineError(f"updating weights {source} failed: {failed[0].get('message')}")
         self._version = str(version)
+        self.last_weights_path = path
 
     async def init_weight_group(self, master_address: str, master_port: int, group_name: str,
                                 backend: str = "nccl") -> int:  # fmt: skip
@@ -381,6 +386,15 @@ class SGLangEngine(Engine):
     def readmit(self, worker: str) -> None:
         """Routes to ``worker`` again (after it was restarted)."""
         self.down.discard(worker)
+
+    def replace_worker(self, old: str, new: str) -> None:
+        """``old`` was replaced by a server at ``new`` (kept down until :meth:`readmit`)."""
+        self.workers = [new if u == old else u for u in self.workers]
+        self._inflight[new] = self._inflight.pop(old, 0)
+        if old in self.down:
+            self.down.discard(old)
+            self.down.add(new)
+        self._affinity = {k: w for k, w in self._affinity.items() if w != old}
 
     def _worker_for(self, episode: str | None) -> str:
         worker = self._affinity.get(episode) if episode is not None else None
