@@ -10,11 +10,19 @@ Per seed:
    rollouts of 8 prompts x 8 samples (lr 3e-4, as the calibration run found safe);
 4. the same evaluation of the result.
 
+Episodes use calc's compact prompt (``--env-kwarg compact=true``: the system prompt shows one
+example call instead of the chat template's tool-schema listing, and the oracle's turns are
+terse): about 170 tokens per demonstration instead of about 410, which is what makes the warm
+start and GRPO fit on 2 CPU cores. Tasks and rewards are calc's own.
+
 Prints a before/after table per seed, the mean and spread, saves the reward curve
 (``learning_curve.png``) and ends with ``{"name": "learning_gain", ...}`` (mean held-out success
 after GRPO minus after the warm start; target >= 0.2 within 15 minutes of GRPO on 2 cores).
 
     python bench/learning.py [--seeds 0 1 2] [--quick]
+    python bench/learning.py --seeds 1 --out runs/learning &   # seeds in parallel processes,
+    python bench/learning.py --seeds 2 --out runs/learning &   # then:
+    python bench/learning.py --seeds 0 1 2 --out runs/learning --report-only
 """
 
 from __future__ import annotations
@@ -40,23 +48,31 @@ def run_train(flags: list[str]) -> float:
     return time.perf_counter() - started
 
 
+ENV_KWARGS = {"compact": True}
+"""calc's constructor arguments for training and evaluation alike."""
+
+
 def held_out_success(checkpoint: Path, tasks: int, samples: int) -> float:
     result, _ = asyncio.run(evaluate_model(
         "calc", hf_checkpoint=str(checkpoint), split="test", limit=tasks, n_samples=samples,
-        temperature=1.0, max_response_len=64, concurrency=64))  # fmt: skip
+        temperature=1.0, max_response_len=64, concurrency=64, env_kwargs=ENV_KWARGS))  # fmt: skip
     return result.success_rate
 
 
 def one_seed(seed: int, args: argparse.Namespace, out: Path) -> dict[str, float]:
     run = out / f"seed{seed}"
-    common = ["--env", "calc", "--max-turns", "3", "--rollout-max-response-len", "64", "--micro-batch-size", "8",
-              "--rollout-seed", str(seed), "--seed", str(seed)]  # fmt: skip
+    env_flags = [f"--env-kwarg={key}={json.dumps(value)}" for key, value in ENV_KWARGS.items()]
+    common = ["--env", "calc", *env_flags, "--max-turns", "3", "--rollout-max-response-len", "64", "--micro-batch-size", "8",
+              "--rollout-seed", str(seed), "--seed", str(seed),
+              "--no-use-ray"]  # one CPU rank: in this process (no Ray cluster to start or lose)
     sft_s = run_train([*common, "--loss-type", "sft_loss", "--num-rollout", str(args.sft_rollouts),
                        "--rollout-batch-size", "32", "--lr", "1e-3", "--rollout-shuffle",
                        "--save-hf", str(run / "sft-hf"), "--save-interval", str(args.sft_rollouts),
                        "--output-dir", str(run / "sft")])  # fmt: skip
     warm = run / "sft-hf" / f"rollout_{args.sft_rollouts:05d}"
     before = held_out_success(warm, args.eval_tasks, args.eval_samples)
+    print(f"seed {seed}: warm start held-out success {before:.3f} ({args.sft_rollouts} SFT steps, "
+          f"{sft_s:.0f} s)", flush=True)
     grpo_s = run_train([*common, "--hf-checkpoint", str(warm), "--num-rollout", str(args.grpo_rollouts),
                         "--rollout-batch-size", "8", "--n-samples-per-prompt", "8", "--lr", "3e-4",
                         "--rollout-shuffle", "--save-hf", str(run / "grpo-hf"),
@@ -65,7 +81,9 @@ def one_seed(seed: int, args: argparse.Namespace, out: Path) -> dict[str, float]
                              args.eval_samples)  # fmt: skip
     print(f"seed {seed}: warm start {before:.3f} -> GRPO {after:.3f} (SFT {sft_s:.0f} s, "
           f"GRPO {grpo_s:.0f} s)", flush=True)
-    return {"seed": seed, "before": before, "after": after, "sft_s": sft_s, "grpo_s": grpo_s}
+    result = {"seed": seed, "before": before, "after": after, "sft_s": sft_s, "grpo_s": grpo_s}
+    (run / "result.json").write_text(json.dumps(result) + "\n")
+    return result
 
 
 def plot(out: Path, seeds: list[int]) -> None:
@@ -93,17 +111,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--sft-rollouts", type=int, default=700)
-    parser.add_argument("--grpo-rollouts", type=int, default=300)
+    parser.add_argument("--grpo-rollouts", type=int, default=150,
+                        help="GRPO rollouts of 8x8 (150: about 15 minutes on 2 cores)")
     parser.add_argument("--eval-tasks", type=int, default=200)
     parser.add_argument("--eval-samples", type=int, default=4)
     parser.add_argument("--out", default="runs/learning")
     parser.add_argument("--quick", action="store_true", help="a few minutes: checks the pipeline only")
+    parser.add_argument("--report-only", action="store_true",
+                        help="print the table of seeds already run into --out (their result.json)")
     args = parser.parse_args()
     if args.quick:
         args.seeds, args.sft_rollouts, args.grpo_rollouts = args.seeds[:1], 20, 4
         args.eval_tasks, args.eval_samples = 20, 2
     out = Path(args.out)
-    results = [one_seed(seed, args, out) for seed in args.seeds]
+    if args.report_only:  # seeds run apart (e.g. in parallel processes) into the same --out
+        results = [json.loads((out / f"seed{seed}" / "result.json").read_text()) for seed in args.seeds]
+    else:
+        results = [one_seed(seed, args, out) for seed in args.seeds]
     print("\nseed  warm start  after GRPO  gain")
     for r in results:
         print(f"{r['seed']:>4}  {r['before']:10.3f}  {r['after']:10.3f}  {r['after'] - r['before']:+.3f}")
