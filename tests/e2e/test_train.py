@@ -220,6 +220,13 @@ def test_sglang_backend_through_the_router(tmp_path):
     assert {json.loads(line)["weight_version"] for line in second} == {"1"}
     assert not (tmp_path / "broadcast" / "weights").exists()
 
+    # colocated: the server shares the trainer's bundle and releases its memory while it trains
+    colocated = train(*TINY_RUN, "--num-rollout", "2", "--rollout-backend", "sglang-compat", "--colocate",
+                      "--output-dir", str(tmp_path / "colocated"), cwd=tmp_path)  # fmt: skip
+    assert colocated.returncode == 0, colocated.stderr[-3000:]
+    second = (tmp_path / "colocated" / "trajectories" / "rollout_00001.jsonl").read_text().splitlines()
+    assert {json.loads(line)["weight_version"] for line in second} == {"1"}
+
     bad = train(*TINY_RUN, "--rollout-backend", "sglang-compat", "--sglang-mem-fraction-static", "0.8",
                 "--rollout-num-gpus", "1", cwd=tmp_path)  # fmt: skip
     assert bad.returncode == 2 and "--sglang-mem-fraction-static" in bad.stderr

@@ -326,6 +326,7 @@ class SGLangEngine(Engine):
         weights) while the trainer runs; the server must be idle. The next weight update takes
         the memory back in SGLang's order (weights, push, KV cache); so does the next request
         if no update comes first."""
+        await self.wait_idle()  # SGLang refuses to release while requests run (aborted ones drain)
         await self._each("POST", "/release_memory_occupation", {})
         self._released = True
 
