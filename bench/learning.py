@@ -66,7 +66,7 @@ def one_seed(seed: int, args: argparse.Namespace, out: Path) -> dict[str, float]
               "--rollout-seed", str(seed), "--seed", str(seed),
               "--no-use-ray"]  # one CPU rank: in this process (no Ray cluster to start or lose)
     sft_s = run_train([*common, "--loss-type", "sft_loss", "--num-rollout", str(args.sft_rollouts),
-                       "--rollout-batch-size", "32", "--lr", "1e-3", "--rollout-shuffle",
+                       "--rollout-batch-size", "32", "--n-samples-per-prompt", "1", "--lr", "1e-3", "--rollout-shuffle",
                        "--save-hf", str(run / "sft-hf"), "--save-interval", str(args.sft_rollouts),
                        "--output-dir", str(run / "sft")])  # fmt: skip
     warm = run / "sft-hf" / f"rollout_{args.sft_rollouts:05d}"
