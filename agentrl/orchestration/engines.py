@@ -66,13 +66,16 @@ class _EngineServer:
                                                      max_batch_size=max_batch_size,
                                                      max_context_len=max_context_len,
                                                      weight_version=version)  # fmt: skip
+        self.requests = 0  # generate calls received, for operators and drills
 
     async def info(self) -> dict[str, Any]:
         return {"max_context_len": self.engine.max_context_len, "pid": os.getpid(),
-                "weight_version": self.engine.weight_version}  # fmt: skip
+                "weight_version": self.engine.weight_version,
+                "requests": self.requests}  # fmt: skip
 
     async def generate(self, input_ids: list[int], sampling: SamplingParams,
                        rid: str | None) -> GenerateOutput:  # fmt: skip
+        self.requests += 1
         return await self.engine.generate(input_ids, sampling, rid)
 
     async def update_weights(self, state_dict: Mapping[str, Any] | None, path: str | None,
@@ -326,17 +329,18 @@ class EngineGroup(Engine):
 
         if old is not None:
             ray.kill(old, no_restart=True)
+        what = "restart" if old is not None or slot.launches > 0 else "start"
         delay = 1.0
         while not self._closed:
             try:
                 await self._start(slot)
-                if old is not None or slot.launches > 1:
+                if what == "restart":
                     slot.restarts += 1
                     self.stats["restarts"] += 1
                     log.warning("engine %d restarted (weights %s)", slot.index, self._version)
                 return
             except Exception as exc:  # noqa: BLE001 - the actor failed to come up: try again
-                log.warning("engine %d failed to restart: %r; retrying in %.0f s", slot.index, exc, delay)
+                log.warning("engine %d failed to %s: %r; retrying in %.0f s", slot.index, what, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
 

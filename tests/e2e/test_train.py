@@ -148,7 +148,9 @@ while time.monotonic() < deadline:
         break
     except ValueError:
         time.sleep(0.2)
-ray.get(victim.info.remote(), timeout=120)  # up: the run starts rollout 0 right away
+# kill it mid-rollout: once it has served a request (a kill during start-up is a different path)
+while time.monotonic() < deadline and ray.get(victim.info.remote(), timeout=120)["requests"] == 0:
+    time.sleep(0.05)
 ray.kill(victim, no_restart=True)
 """
 
