@@ -14,12 +14,10 @@ the batch at the next step. Active requests always occupy slots ``0 .. n-1`` (a 
 request's slot is refilled by moving the last one), so decoding slices the cache instead of
 gathering it.
 
-Sampling is batched. Each sampled token's log-probability is ``log_softmax(logits / T)`` at that
-token over the whole vocabulary, before top-k/top-p truncation (T = 1 when greedy): the quantity
-a trainer recomputes from the same weights. A request with ``sampling_seed`` draws from its own
-``torch.Generator``, one uniform number per token, and everything else it depends on is computed
-row by row, so its output does not depend on what else is in the batch (up to floating-point
-differences between batch shapes, which can flip near-ties).
+Sampling is batched (:mod:`agentrl.rollout.engine.sampling`). A request with ``sampling_seed``
+draws from its own ``torch.Generator``, one uniform number per token, and everything else it
+depends on is computed row by row, so its output does not depend on what else is in the batch (up
+to floating-point differences between batch shapes, which can flip near-ties).
 """
 
 from __future__ import annotations
@@ -41,6 +39,7 @@ import torch
 from agentrl.errors import EngineError
 from agentrl.rollout.engine.base import Engine, FinishReason, GenerateOutput, SamplingParams
 from agentrl.rollout.engine.model import DecoderModel, read_checkpoint
+from agentrl.rollout.engine.sampling import sample_tokens
 
 __all__ = ["EmbeddedEngine", "load_tokenizer"]
 
@@ -143,7 +142,6 @@ class EmbeddedEngine(Engine):
         self._cache = model.new_cache(max_batch_size, self.max_context_len)
         self._generator = torch.Generator().manual_seed(seed)
         self._rids = itertools.count()
-        self._vocab = torch.arange(model.config.vocab_size, device=model.device)
 
         self._cond = threading.Condition()
         self._incoming: deque[_Request] = deque()  # guarded by _cond
@@ -558,54 +556,31 @@ class EmbeddedEngine(Engine):
 
     def _sample(self, batch: list[_Request], logits: torch.Tensor) -> tuple[list[int], list[float]]:
         """Picks one token per row and its ``log_softmax(logits / T)`` log-probability."""
-        sampled_rows = [i for i, r in enumerate(batch) if not r.sampling.greedy]
-        if not sampled_rows:
-            logp = logits.log_softmax(-1)
+        device = logits.device
+        greedy = torch.tensor([r.sampling.greedy for r in batch], device=device)
+        if bool(greedy.all()):
             tokens = logits.argmax(-1)
-        else:
-            temps = torch.tensor([r.temperature for r in batch], device=logits.device)
-            logp = (logits / temps[:, None]).log_softmax(-1)
-            tokens = logits.argmax(-1)
-            rows = torch.tensor(sampled_rows, device=logits.device)
-            drawn = self._draw(logp.index_select(0, rows), [batch[i] for i in sampled_rows])
-            tokens.index_copy_(0, rows, drawn)
-        chosen = logp.gather(1, tokens[:, None])[:, 0]
+            chosen = logits.log_softmax(-1).gather(1, tokens[:, None])[:, 0]
+            return tokens.tolist(), chosen.tolist()
+        tokens, chosen = sample_tokens(
+            logits,
+            temperature=torch.tensor([r.temperature for r in batch], device=device),
+            greedy=greedy,
+            top_k=torch.tensor([r.sampling.top_k for r in batch], device=device),
+            top_p=torch.tensor([r.sampling.top_p for r in batch], device=device),
+            uniforms=self._uniforms(batch).to(device),
+        )
         return tokens.tolist(), chosen.tolist()
 
-    def _draw(self, logp: torch.Tensor, batch: list[_Request]) -> torch.Tensor:
-        """Inverse-CDF sampling from each row's top-k / top-p truncated distribution.
-
-        Row by row, with one uniform number per row (from the request's own generator when it
-        has a seed), so a seeded request's draw never depends on the other rows.
-        """
-        uniforms = self._uniforms(batch).to(logp.device)
-        vocab = logp.shape[-1]
-        truncate = any(r.sampling.top_k != -1 or r.sampling.top_p < 1.0 for r in batch)
-        if truncate:
-            logp, order = logp.sort(dim=-1, descending=True)
-        probs = logp.exp()
-        if truncate:
-            top_k = torch.tensor([r.sampling.top_k if r.sampling.top_k > 0 else vocab
-                                  for r in batch], device=logp.device)  # fmt: skip
-            top_p = torch.tensor([r.sampling.top_p for r in batch], device=logp.device)
-            mass_before = probs.cumsum(-1) - probs
-            keep = (self._vocab[None, :] < top_k[:, None]) & (mass_before < top_p[:, None])
-            probs = probs * keep
-        cdf = probs.cumsum(-1)
-        total = cdf[:, -1:]
-        # strictly below the total, so the pick always lands on a token of positive mass
-        below_total = torch.nextafter(total, total.new_zeros(()))
-        target = torch.minimum(uniforms[:, None] * total, below_total)
-        pick = torch.searchsorted(cdf, target, right=True)[:, 0]
-        return order.gather(1, pick[:, None])[:, 0] if truncate else pick
-
     def _uniforms(self, batch: list[_Request]) -> torch.Tensor:
-        shared = [i for i, r in enumerate(batch) if r.generator is None]
-        values = torch.empty(len(batch))
+        """One uniform per row: from the request's own generator when it has a seed (so its draw
+        never depends on the other rows), else from the engine's."""
+        values = torch.zeros(len(batch))
+        shared = [i for i, r in enumerate(batch) if r.generator is None and not r.sampling.greedy]
         if shared:
             values[shared] = torch.rand(len(shared), generator=self._generator)
         for i, request in enumerate(batch):
-            if request.generator is not None:
+            if request.generator is not None and not request.sampling.greedy:
                 values[i] = torch.rand((), generator=request.generator)
         return values
 
