@@ -33,14 +33,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agentrl.errors import EngineError
-from agentrl.rollout.engine.base import Engine, GenerateOutput, SamplingParams, episode_key
+from agentrl.rollout.engine.base import (
+    Engine,
+    EpisodeAffinity,
+    GenerateOutput,
+    SamplingParams,
+    episode_key,
+)
 
 __all__ = ["EngineBundles", "EngineGroup", "engine_actor_name", "engine_bundles", "launch_engines",
            "serve_policy"]
 
 log = logging.getLogger(__name__)
 
-_AFFINITY_LIMIT = 100_000
 """Episode -> engine entries kept before the map is cleared (episodes then re-route freely)."""
 
 
@@ -170,7 +175,7 @@ class EngineGroup(Engine):
         self.slots = [_Slot(index=i, bundle=b) for i, b in enumerate(bundles)]
         self._version = "0"
         self._weights: tuple[Any, str | None] | None = None  # (object ref, path) of the latest push
-        self._affinity: dict[str, int] = {}
+        self._affinity: EpisodeAffinity[int] = EpisodeAffinity()
         self._any_alive: asyncio.Event | None = None
         self._health_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -316,7 +321,7 @@ class EngineGroup(Engine):
         if slot.handle is not handle or not slot.alive:
             return  # already handled for this actor
         slot.alive = False
-        self._affinity = {k: i for k, i in self._affinity.items() if i != slot.index}
+        self._affinity.forget(slot.index)
         assert self._any_alive is not None
         if not any(s.alive for s in self.slots):
             self._any_alive.clear()
@@ -366,17 +371,9 @@ class EngineGroup(Engine):
         while True:
             if self._closed:
                 raise EngineError("the engine group is closed")
-            index = self._affinity.get(key) if key is not None else None
-            if index is not None and self.slots[index].alive:
-                return self.slots[index]
-            live = [s for s in self.slots if s.alive]
+            live = [s.index for s in self.slots if s.alive]
             if live:
-                slot = min(live, key=lambda s: (s.inflight, s.index))
-                if key is not None:
-                    if len(self._affinity) >= _AFFINITY_LIMIT:
-                        self._affinity.clear()
-                    self._affinity[key] = slot.index
-                return slot
+                return self.slots[self._affinity.pick(key, live, lambda i: self.slots[i].inflight)]
             if not self.fault_tolerance:
                 raise EngineError("no engine is alive")
             assert self._any_alive is not None

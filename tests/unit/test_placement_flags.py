@@ -6,7 +6,7 @@ import pytest
 
 from agentrl.errors import ConfigError
 from agentrl.orchestration.cluster import ClusterConfig
-from agentrl.rollout.engine.base import episode_key
+from agentrl.rollout.engine.base import EpisodeAffinity, episode_key
 
 
 def test_episode_key_drops_only_a_turn_suffix():
@@ -15,6 +15,27 @@ def test_episode_key_drops_only_a_turn_suffix():
     assert episode_key("custom-tag") == "custom-tag"  # no -t<digits>: the rid is its own episode
     assert episode_key("a-tx") == "a-tx"
     assert episode_key(None) is None
+
+
+def test_episode_affinity_sends_new_episodes_to_the_least_loaded_and_keeps_later_turns_there():
+    load = {"a": 2, "b": 0, "c": 0}
+    affinity: EpisodeAffinity[str] = EpisodeAffinity()
+    assert affinity.pick("e1", ["a", "b", "c"], load.__getitem__) == "b"  # least loaded, first on ties
+    load["b"] = 5
+    assert affinity.pick("e1", ["a", "b", "c"], load.__getitem__) == "b"  # sticky despite its load
+    assert affinity.pick("e2", ["a", "b", "c"], load.__getitem__) == "c"
+    assert affinity.pick(None, ["a", "b"], load.__getitem__) == "a" and len(affinity) == 2  # no key: not kept
+    assert affinity.pick("e1", ["a", "c"], load.__getitem__) == "c"  # b is not live: moved, remembered
+    assert dict(affinity) == {"e1": "c", "e2": "c"}
+    affinity.forget("c")
+    assert dict(affinity) == {}
+
+
+def test_episode_affinity_starts_afresh_past_its_limit():
+    affinity: EpisodeAffinity[int] = EpisodeAffinity(limit=2)
+    for episode in ("x", "y", "z"):
+        affinity.pick(episode, [0], lambda _: 0)
+    assert list(affinity) == ["z"]
 
 
 def test_engine_counts():

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Mapping
-from typing import Any, Literal
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Generic, Literal, TypeVar
 
-__all__ = ["Engine", "FinishReason", "GenerateOutput", "SamplingParams", "episode_key"]
+__all__ = ["Engine", "EpisodeAffinity", "FinishReason", "GenerateOutput", "SamplingParams", "episode_key"]
+
+Worker = TypeVar("Worker")
 
 FinishReason = Literal["stop", "length", "abort"]
 """``stop``: a stop token id or stop string matched (or the model's end-of-sequence token);
@@ -147,6 +149,49 @@ def episode_key(rid: str | None) -> str | None:
         return None
     head, sep, turn = rid.rpartition("-t")
     return head if sep and turn.isdigit() else rid
+
+
+class EpisodeAffinity(Mapping[str, Worker], Generic[Worker]):
+    """Sticky least-loaded routing over several workers: an episode's first request goes to the
+    least-loaded live worker, its later turns to the same one while it stays live (their shared
+    prefix is cached there). Reads as a mapping episode -> worker.
+
+    Args:
+        limit: episodes remembered; past it the table starts afresh (old episodes are done).
+    """
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self.limit = limit
+        self._workers: dict[str, Worker] = {}
+
+    def pick(self, episode: str | None, live: Sequence[Worker], load: Callable[[Worker], int]) -> Worker:
+        """The worker for ``episode`` (None: no affinity) among ``live`` (non-empty, in order of
+        preference on equal ``load``)."""
+        worker = self._workers.get(episode) if episode is not None else None
+        if worker is not None and worker in live:
+            return worker
+        worker = min(live, key=load)
+        if episode is not None:
+            if len(self._workers) >= self.limit:
+                self._workers.clear()
+            self._workers[episode] = worker
+        return worker
+
+    def forget(self, worker: Worker) -> None:
+        """Drops every episode on ``worker`` (it died or was replaced)."""
+        self._workers = {k: w for k, w in self._workers.items() if w != worker}
+
+    def clear(self) -> None:
+        self._workers.clear()
+
+    def __getitem__(self, episode: str) -> Worker:
+        return self._workers[episode]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._workers)
+
+    def __len__(self) -> int:
+        return len(self._workers)
 
 
 class Engine(abc.ABC):

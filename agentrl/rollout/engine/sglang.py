@@ -26,7 +26,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from typing import Any, Literal
 
 from agentrl.errors import EngineError
-from agentrl.rollout.engine.base import Engine, GenerateOutput, SamplingParams, episode_key
+from agentrl.rollout.engine.base import (
+    Engine,
+    EpisodeAffinity,
+    GenerateOutput,
+    SamplingParams,
+    episode_key,
+)
 
 __all__ = ["SGLangEngine", "WorkerUnreachable", "generate_request", "serialize_named_tensors",
            "tensor_buckets"]
@@ -128,7 +134,7 @@ class SGLangEngine(Engine):
         self._semaphore: asyncio.Semaphore | None = None
         self._session: Any = None
         self._inflight = dict.fromkeys(self.workers, 0)
-        self._affinity: dict[str, str] = {}
+        self._affinity: EpisodeAffinity[str] = EpisodeAffinity()
         self.stats = {"requests": 0, "retries": 0, "failovers": 0}
         self.last_weights_path: str | None = None
         """The directory of the latest ``update_weights(path=...)`` (a restarted server loads it)."""
@@ -382,7 +388,7 @@ class SGLangEngine(Engine):
         if worker not in self.down:
             log.warning("SGLang server %s is unreachable; its episodes continue on the others", worker)
             self.down.add(worker)
-            self._affinity = {k: w for k, w in self._affinity.items() if w != worker}
+            self._affinity.forget(worker)
 
     def readmit(self, worker: str) -> None:
         """Routes to ``worker`` again (after it was restarted)."""
@@ -395,18 +401,11 @@ class SGLangEngine(Engine):
         if old in self.down:
             self.down.discard(old)
             self.down.add(new)
-        self._affinity = {k: w for k, w in self._affinity.items() if w != old}
+        self._affinity.forget(old)
 
     def _worker_for(self, episode: str | None) -> str:
-        worker = self._affinity.get(episode) if episode is not None else None
-        if worker is None:
-            live = [u for u in self.workers if u not in self.down] or self.workers
-            worker = min(live, key=lambda u: self._inflight.get(u, 0))
-            if episode is not None:
-                if len(self._affinity) > 100_000:
-                    self._affinity.clear()
-                self._affinity[episode] = worker
-        return worker
+        live = [u for u in self.workers if u not in self.down] or self.workers
+        return self._affinity.pick(episode, live, lambda u: self._inflight.get(u, 0))
 
     async def _client(self) -> Any:
         if self._session is None:
