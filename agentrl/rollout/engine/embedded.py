@@ -557,15 +557,10 @@ class EmbeddedEngine(Engine):
     def _sample(self, batch: list[_Request], logits: torch.Tensor) -> tuple[list[int], list[float]]:
         """Picks one token per row and its ``log_softmax(logits / T)`` log-probability."""
         device = logits.device
-        greedy = torch.tensor([r.sampling.greedy for r in batch], device=device)
-        if bool(greedy.all()):
-            tokens = logits.argmax(-1)
-            chosen = logits.log_softmax(-1).gather(1, tokens[:, None])[:, 0]
-            return tokens.tolist(), chosen.tolist()
         tokens, chosen = sample_tokens(
             logits,
             temperature=torch.tensor([r.temperature for r in batch], device=device),
-            greedy=greedy,
+            greedy=torch.tensor([r.sampling.greedy for r in batch], device=device),
             top_k=torch.tensor([r.sampling.top_k for r in batch], device=device),
             top_p=torch.tensor([r.sampling.top_p for r in batch], device=device),
             uniforms=self._uniforms(batch).to(device),
