@@ -26,6 +26,15 @@ MAX_POOL_SIZE = 128
 # (exit code, stdout, stderr, whether the host stopped waiting) of one command
 RawResult = tuple[int | None, CappedBuffer, CappedBuffer, bool]
 
+# How runc reports (as the exec's output, exit status 126) that it could not get its own
+# process going: a clone in its init hit the pids limit (EAGAIN), or that init died before
+# answering (read init-p: connection reset by peer), which a full pids or memory limit causes.
+_RUNTIME_FAILED = b"oci runtime exec failed"
+_NO_ROOM_MARKS = (
+    b"resource temporarily unavailable", b"connection reset by peer", b"unable to spawn",
+    b"failed to create new os thread",
+)
+
 _CLIENTS: dict[str, Any] = {}
 _CLIENTS_LOCK = threading.Lock()
 
@@ -223,6 +232,26 @@ def remove_dead_owner_containers(
     return removed
 
 
+class ExecNotStarted(SandboxError):
+    """The container runtime could not start a ``docker exec``'s process because the container
+    has no room for one more (its pids limit, or its memory, is full): nothing of the command
+    ran. ``result`` is what the daemon answered (exit code 126, runc's message on stdout)."""
+
+    def __init__(self, result: RawResult) -> None:
+        said = bytes(result[1].data[:300]).decode("utf-8", "replace").strip()
+        super().__init__(f"the container runtime could not start the process: {said}")
+        self.result = result
+
+
+def _no_room(code: int | None, pid: int | None, out: CappedBuffer, err: CappedBuffer) -> bool:
+    """Whether an exec's outcome is runc failing to start its process for lack of room. A
+    started exec has a pid, so a command that prints runc's message itself never counts."""
+    if code != 126 or pid:
+        return False
+    said = bytes(out.data[:2048] + err.data[:2048]).lower()
+    return _RUNTIME_FAILED in said and any(mark in said for mark in _NO_ROOM_MARKS)
+
+
 async def demux(reader: asyncio.StreamReader) -> AsyncIterator[tuple[int, bytes]]:
     """Docker's multiplexed exec stream (frames of an 8-byte header: stream, 0, 0, 0, size;
     then the data) as (stream, chunk) pairs, chunks of at most 64 KiB, until EOF or a broken
@@ -312,26 +341,28 @@ class ExecApi:
             )
         return reader, writer
 
-    async def exit_code(self, exec_id: str) -> int | None:
-        """The exec's exit code (it can lag the end of the stream by a moment)."""
+    async def outcome(self, exec_id: str) -> tuple[int | None, int | None]:
+        """The exec's exit code (it can lag the end of the stream by a moment) and the pid its
+        process had (0 when the runtime never started one); (None, None) when unknown."""
         import docker.errors
 
         for attempt in range(200):
             try:
                 info = await asyncio.to_thread(self.client.api.exec_inspect, exec_id)
             except docker.errors.DockerException:
-                return None
+                return None, None
             if not info.get("Running"):
-                return info.get("ExitCode")
+                return info.get("ExitCode"), info.get("Pid")
             await asyncio.sleep(0.005 if attempt < 20 else 0.02)
-        return None
+        return None, None
 
     async def run(
         self, container_id: str, argv: list[str], *, user: str, environment: list[str],
         cwd: str, stdin: bytes | None, bound: float, cap: int,
     ) -> RawResult:
         """Runs one ``docker exec``, waiting at most ``bound`` seconds for its output to end;
-        each of stdout and stderr is kept up to ``cap`` bytes."""
+        each of stdout and stderr is kept up to ``cap`` bytes. Raises :class:`ExecNotStarted`
+        when the runtime had no room to start the process."""
         out, err = CappedBuffer(cap), CappedBuffer(cap)
         exec_id = await self.create(container_id, argv, user=user, environment=environment,
                                     cwd=cwd, stdin=stdin is not None)
@@ -353,8 +384,12 @@ class ExecApi:
                     await feeder
             # abort, not close: close() would first flush stdin the command never read
             writer.transport.abort()
-        code = None if host_timeout else await self.exit_code(exec_id)
-        return code, out, err, host_timeout
+        if host_timeout:
+            return None, out, err, True
+        code, pid = await self.outcome(exec_id)
+        if _no_room(code, pid, out, err):
+            raise ExecNotStarted((code, out, err, False))
+        return code, out, err, False
 
 
 async def _feed(writer: asyncio.StreamWriter, data: bytes) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 from agentrl.sandbox._docker_api import (
     OWNER_LABEL,
     ExecApi,
+    ExecNotStarted,
     RawResult,
     docker_unavailable_reason,
     force_remove,
@@ -67,6 +68,10 @@ HOST_GRACE_S = 1.0  # the host stops waiting at timeout * 1.05 + this
 SWEEP_TIMEOUT_S = 10.0
 RUNNER_RETRY_S = 5.0  # after the runner failed to start, commands use docker exec this long
 _NO_FORK = b"timeout: fork system call failed"
+_RESTARTED = (
+    "\n[the sandbox container was restarted to kill the processes left behind: background "
+    "processes and /tmp are gone; the workspace is kept]"
+)
 
 
 class DockerSandbox(Sandbox):
@@ -99,9 +104,16 @@ class DockerSandbox(Sandbox):
       command, the runner or an open shell (each carries a random token in its environment),
       so a ``setsid`` grandchild holding the output pipe dies too. When the sweep cannot run
       or does not finish, the container is restarted (``docker restart -t 0``): every process
-      dies, /tmp is emptied, the workspace stays, and the result's stderr says so. A command
-      that cannot even start because leftover processes fill the pids limit triggers the same
-      clean-up and is then run once more.
+      dies, /tmp is emptied, the workspace stays, and the result's stderr says so.
+    * **A command that cannot start because leftover processes fill the pids limit** (a
+      detached fork bomb) is run once more after a clean-up, and its stderr says so. Which
+      clean-up depends on how far it got: when ``timeout`` inside could not fork (status 125),
+      the sweep above runs (it needs a new process but no fork, so it gets in the same way;
+      restart if it fails). When runc could not start the ``docker exec`` process at all
+      (status 126, "OCI runtime exec failed ... read init-p: connection reset by peer" or
+      "resource temporarily unavailable", and the daemon reports that no process was started),
+      anything run inside would need a pid too, so the container is restarted through the
+      daemon, which needs none; several commands failing so at once cause one restart.
     * **Bounded output**: stdout and stderr are streamed separately and each cut at
       ``Limits.output_bytes`` with a visible marker (the runner already cuts them inside the
       container; memory on the host stays bounded either way).
@@ -130,7 +142,12 @@ class DockerSandbox(Sandbox):
       the next sweep (after a timeout, or when a shell session ends), restart or
       :meth:`close`, like on a real machine. Concurrent
       commands share the container's memory/pids limits, and a container restart also kills
-      the commands running at that moment.
+      the commands running at that moment and the open shells' processes.
+    * The pids-limit recovery tries a command at most twice (the first try never ran it):
+      when the limit is full again before the second try (e.g. a concurrent command started
+      another bomb), the result is the failure (status 125 or 126 and the runtime's message).
+      runc's init dying for lack of memory looks the same as for lack of pids and gets the
+      same restart.
     * ``exit_code`` follows the shell convention (128 + N for signal N), as ``timeout`` and
       ``sh`` report it; a timed-out command has ``exit_code`` None.
     * The daemon must run on this machine (bind mount) and be reached by a unix socket or plain
@@ -295,7 +312,9 @@ class DockerSandbox(Sandbox):
         try:
             for attempt in range(2):
                 start = time.perf_counter()
+                restarts = self.restarts
                 result = None
+                not_started = False
                 runner = await self._get_runner()
                 if runner is not None:
                     try:
@@ -311,13 +330,25 @@ class DockerSandbox(Sandbox):
                             "(e.g. by `kill -9 -1`); what the command left running was killed]"
                         )
                 if result is None:
-                    result = await self._docker_exec(wrapped, environment, stdin, cwd, bound)
+                    try:
+                        result = await self._docker_exec(wrapped, environment, stdin, cwd, bound)
+                    except ExecNotStarted as failed:
+                        result, not_started = failed.result, True
                 code, out, err, host_timeout = result
-                # `timeout` itself could not fork: the command never ran, because processes
-                # left behind (a detached fork bomb) fill the pids limit. Kill them; run again.
-                if attempt or code != 125 or not err.data.startswith(_NO_FORK):
+                # The command never ran because processes left behind (a detached fork bomb)
+                # fill the pids limit: kill them, then run it once more. When `timeout` got in
+                # but could not fork, the sweep (which needs no fork) gets in as well and spares
+                # the other running commands. When runc could not even start a process, the
+                # sweep would need one too, so the daemon restarts the container instead.
+                if not (not_started or (code == 125 and err.data.startswith(_NO_FORK))):
                     break
-                _, note = await self._sweep()
+                if attempt:
+                    note += "\n[the pids limit was full again: the command did not run]"
+                    break
+                if not_started:
+                    note = await self._restart_unless_done(restarts)
+                else:
+                    _, note = await self._sweep()
                 note += (
                     "\n[processes left behind filled the pids limit; they were killed before "
                     "this command ran]"
@@ -415,10 +446,18 @@ class DockerSandbox(Sandbox):
             if answer and answer.get("ok") == 1:
                 return answer, ""
             await self._restart()
-            return answer or {}, (
-                "\n[the sandbox container was restarted to kill the processes left behind: "
-                "background processes and /tmp are gone; the workspace is kept]"
-            )
+            return answer or {}, _RESTARTED
+
+    async def _restart_unless_done(self, seen: int) -> str:
+        """Restarts the container unless it was restarted since ``self.restarts`` was
+        ``seen`` (concurrent commands that failed alike then restart it once, not once each);
+        returns the note for stderr."""
+        if self.closed or self._container is None:
+            return ""
+        async with self._recover_lock:
+            if self.restarts == seen:
+                await self._restart()
+        return _RESTARTED
 
     async def _restart(self) -> None:
         import docker.errors

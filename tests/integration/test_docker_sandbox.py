@@ -212,28 +212,84 @@ def test_output_flood_is_capped(run, sandbox):
 
 
 FORK_LOOP = "import os  # agentrl-fork-loop\nwhile True:\n    try: os.fork()\n    except OSError: pass\n"
+BOMB_LIMITS = Limits(timeout_s=10, memory_mb=256, pids=32, output_bytes=4096)
+
+
+def start_detached_fork_loop(run, sb):
+    """Starts a fork loop that outlives its command and returns once it fills the pids limit,
+    as the daemon counts them (asking inside would need a pid)."""
+    r = run(sb.exec(["sh", "-c", "setsid python3 -c \"$0\" >/dev/null 2>&1 &", FORK_LOOP]))
+    assert r.ok, r
+    api = get_client().api
+    pids = {}
+    for _ in range(600):  # each stats call takes up to ~1 s while the loop runs
+        pids = api.stats(sb.container_id, stream=False, one_shot=True).get("pids_stats") or {}
+        if pids.get("current", 0) >= (pids.get("limit") or BOMB_LIMITS.pids):
+            return
+        time.sleep(0.05)
+    pytest.fail(f"the fork loop did not fill the pids limit: {pids}")
 
 
 @pytest.mark.parametrize("fast_exec", [True, False], ids=["runner", "docker-exec"])
 def test_fork_bomb_is_contained_and_the_sandbox_recovers(run, fast_exec):
-    sb = DockerSandbox(Limits(timeout_s=10, memory_mb=256, pids=32, output_bytes=4096),
-                       fast_exec=fast_exec)
+    sb = DockerSandbox(BOMB_LIMITS, fast_exec=fast_exec)
     run(sb.start())
     try:
         run(sb.write_file("keep.txt", "kept"))
-        r = run(sb.exec("bomb() { bomb | bomb & }; bomb; sleep 30", timeout=3))
+        # `exec sleep`: a forked sleep would fail once the bomb fills the pids limit, and the
+        # command would end early (status 2) instead of timing out.
+        r = run(sb.exec("bomb() { bomb | bomb & }; bomb; exec sleep 30", timeout=3))
         assert r.timed_out, r
         for _ in range(2):
             after = run(sb.exec("cat keep.txt", timeout=10))
             assert after.ok and after.stdout == "kept", after
         assert "bomb" not in run(sb.exec(PS)).stdout
         # A detached bomb that outlives its command: the next command cleans up, then runs.
-        r = run(sb.exec(["sh", "-c", "setsid python3 -c \"$0\" >/dev/null 2>&1 &", FORK_LOOP]))
-        assert r.ok, r
-        time.sleep(0.5)
+        # Whether runc or `timeout` is the one that finds no pid left is a race; both recover.
+        start_detached_fork_loop(run, sb)
         after = run(sb.exec("cat keep.txt", timeout=10))
         assert after.ok and after.stdout == "kept", after
         assert "pids limit" in after.stderr
+        assert "agentrl-fork-loop" not in run(sb.exec(PS)).stdout
+    finally:
+        run(sb.close())
+
+
+@pytest.mark.parametrize("fast_exec", [True, False], ids=["runner", "docker-exec"])
+def test_runtime_that_cannot_start_a_process_restarts_the_container(run, fast_exec):
+    """runc failing to start the exec's process (its init cannot clone in a full pids cgroup)
+    is rare next to `timeout` failing to fork, so the first command's real outcome is replaced
+    by the daemon's answer for that case; the fork loop and the restart are real."""
+    from agentrl.sandbox._docker_api import ExecNotStarted
+    from agentrl.sandbox._io import CappedBuffer
+
+    sb = DockerSandbox(BOMB_LIMITS, fast_exec=fast_exec)
+    run(sb.start())
+    try:
+        run(sb.write_file("keep.txt", "kept"))
+        start_detached_fork_loop(run, sb)
+        real_run, failed = sb._exec_api.run, []
+
+        async def run_once_unstarted(container_id, argv, **kwargs):
+            try:
+                result = await real_run(container_id, argv, **kwargs)
+            except ExecNotStarted as exc:  # the rare case for real
+                result = exc.result
+            if any("keep.txt" in a for a in argv) and not failed:
+                failed.append(result)
+                said = CappedBuffer(4096)
+                said.feed(b"OCI runtime exec failed: exec failed: unable to start container "
+                          b"process: read init-p: connection reset by peer: unknown\r\n")
+                raise ExecNotStarted((126, said, CappedBuffer(4096), False))
+            return result
+
+        sb._exec_api.run = run_once_unstarted
+        restarts = sb.restarts
+        after = run(sb.exec("cat keep.txt", timeout=10))
+        assert failed and failed[0][0] != 0, failed  # the fork loop did fill the limit
+        assert after.ok and after.stdout == "kept", after
+        assert "restarted" in after.stderr and "pids limit" in after.stderr, after
+        assert sb.restarts == restarts + 1
         assert "agentrl-fork-loop" not in run(sb.exec(PS)).stdout
     finally:
         run(sb.close())

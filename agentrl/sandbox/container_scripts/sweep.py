@@ -1,7 +1,8 @@
 """The timeout sweep, run inside a Docker sandbox as ``python3 -c <this file> MODE TOKEN...``.
 
 It runs as the sandbox uid, as the exec'd process itself (no fork needed, so it works while a
-fork bomb fills the pids limit). MODE is ``sweep`` or ``probe``; the TOKENs are the
+fork bomb fills the pids limit, whenever runc manages to start it; when runc cannot, the host
+restarts the container instead). MODE is ``sweep`` or ``probe``; the TOKENs are the
 ``AGENTRL_EXEC`` values whose processes must survive (running commands, the command runner,
 open shells). ``sweep`` first SIGSTOPs every other process of the sandbox uid (stopped
 processes cannot fork), repeating until no new one appears, then SIGKILLs them all.
