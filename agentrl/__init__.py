@@ -4,7 +4,8 @@ The public surface users write code against:
 
 * :class:`ToolEnv`, :class:`EpisodeState` - the environment contract.
 * :func:`tool`, :class:`Tool` - typed Python functions as tools.
-* :func:`register_env`, :func:`make_env`, :func:`check_env`, :func:`list_envs` - the registry.
+* :func:`register_env`, :func:`make_env`, :func:`check_env`, :func:`list_envs` - the registry
+  (importing agentrl registers the built-in envs, also with Gymnasium as ``agentrl/<id>``).
 * :class:`Sample`, :class:`Status` - the trajectory record every stage exchanges.
 """
 
@@ -19,10 +20,15 @@ from agentrl.env import (
     make_env,
     register_env,
 )
+from agentrl.env.registry import load_builtin_envs
 from agentrl.rollout import Sample, Status
 from agentrl.tools import Injected, Tool, ToolCall, tool
 
 __version__ = "0.1.0"
+
+# The built-in ids become known to make_env and to gymnasium.make("agentrl/calc-v0") now:
+# agentrl_envs only records lazy entry points, so no env module is imported here.
+load_builtin_envs()
 
 __all__ = [
     "EpisodeState",

@@ -35,6 +35,20 @@ class UnknownEnvError(EnvRegistrationError):
     """No env is registered under the requested id. The message lists close matches."""
 
 
+class EnvArgumentError(EnvRegistrationError):
+    """The arguments given to an env's constructor do not match its signature (an unknown or a
+    missing argument). The message names the env, the argument and the accepted ones."""
+
+
+class UnknownSplitError(AgentRLError, ValueError):
+    """An env was asked for a task split it does not have. The message names the split and the
+    available ones. Also a ``ValueError``, which is what an unknown split raised before."""
+
+
+class NoTaskSetError(AgentRLError):
+    """An env without a fixed task set was asked for one (it is played on seeds instead)."""
+
+
 class EnvCheckError(AgentRLError):
     """An environment violates the :class:`agentrl.ToolEnv` contract (raised by ``check_env``)."""
 

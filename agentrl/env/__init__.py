@@ -4,17 +4,19 @@ Imports neither Ray, Megatron nor SGLang.
 """
 
 from agentrl.env.checker import CHECKS, check_env
-from agentrl.env.core import Action, EpisodeState, ToolEnv
+from agentrl.env.core import Action, EpisodeState, StepTimings, ToolEnv, check_split
 from agentrl.env.messages import AssistantTurn, Message, MessageList, message_problem
 from agentrl.env.registry import (
     EnvSpec,
     env_spec,
+    import_env_module,
     list_envs,
     load_builtin_envs,
     make_env,
     register_env,
 )
-from agentrl.env.sandboxed import SandboxedToolEnv, register_episode_resource, shared_pool
+from agentrl.env.rewards import as_reward
+from agentrl.env.sandboxed import SandboxedToolEnv, register_episode_resource
 
 __all__ = [
     "CHECKS",
@@ -25,14 +27,17 @@ __all__ = [
     "Message",
     "MessageList",
     "SandboxedToolEnv",
+    "StepTimings",
     "ToolEnv",
+    "as_reward",
     "check_env",
+    "check_split",
     "env_spec",
+    "import_env_module",
     "list_envs",
     "load_builtin_envs",
     "make_env",
     "message_problem",
     "register_env",
     "register_episode_resource",
-    "shared_pool",
 ]

@@ -16,7 +16,7 @@ from jsonschema.exceptions import SchemaError
 
 from agentrl.env.core import ToolEnv
 from agentrl.env.messages import message_problem
-from agentrl.errors import EnvCheckError, ToolErrorKind
+from agentrl.errors import AgentRLError, EnvCheckError, ToolErrorKind
 from agentrl.tools.calls import TOOL_NAME_PATTERN, ToolCall
 
 CHECKS = (
@@ -30,28 +30,44 @@ CHECKS = (
     "malformed call",
     "bad arguments",
     "truncation",
+    "oracle",
     "close",
 )
 """The checks :func:`check_env` runs, in order."""
 
 _UNKNOWN_TOOL = "agentrl_check_no_such_tool"
+ORACLE_SUCCESS_RATE = 0.95
+"""Share of the oracle's episodes that must succeed (``ToolEnv.oracle_action`` promises it)."""
+SUCCESS_REWARD = 1.0 - 1e-9
+"""An episode succeeded when it terminated with at least this reward."""
 
 
-def check_env(env: Any, *, seed: int = 0, options: Mapping[str, Any] | None = None) -> None:
+def check_env(
+    env: Any,
+    *,
+    seed: int = 0,
+    options: Mapping[str, Any] | None = None,
+    oracle_episodes: int = 5,
+) -> None:
     """Checks ``env`` against the ToolEnv contract; returns ``None`` when it passes.
 
     Checks: it is a ``ToolEnv``; tool schemas are valid OpenAI-style function schemas with
     valid JSON Schema parameters and unique names; ``reset`` returns ``(messages, info)`` with a
     non-empty, valid message list and the schemas in ``info``; ``reset(seed=s)`` twice gives the
-    same observation; a final answer (no tool calls) terminates with a float reward; stepping a
-    finished episode raises ``ResetNeeded``; an unknown tool, a malformed call and arguments that
-    are not an object each come back as an error tool message counted in ``info`` without ending
-    the episode; ``max_turns`` tool turns truncate; ``close()`` twice is fine.
+    same task and observation, and so does the unseeded ``reset()`` after each; a final answer
+    (no tool calls) terminates with a float reward; stepping a finished episode raises
+    ``ResetNeeded``; an unknown tool, a malformed call and arguments that are not an object each
+    come back as an error tool message counted in ``info`` without ending the episode;
+    ``max_turns`` tool turns truncate; when the env has a scripted oracle (its
+    ``oracle_action`` does not raise :class:`~agentrl.errors.AgentRLError`), playing it on
+    ``oracle_episodes`` tasks (the first of ``task_set("test")``, else seeds; a fixed task in
+    ``options`` once) succeeds on at least 95% of them; ``close()`` twice is fine.
 
     Args:
         env: The environment (closed at the end).
-        seed: Seed for the reset checks.
+        seed: Seed for the reset checks (and the first oracle episode played on seeds).
         options: Passed to every ``reset`` (e.g. a fixed ``{"task": row}``).
+        oracle_episodes: Episodes the oracle plays (0 skips that check).
 
     Raises:
         EnvCheckError: The first failed check, named in the message.
@@ -60,14 +76,20 @@ def check_env(env: Any, *, seed: int = 0, options: Mapping[str, Any] | None = No
         _fail("type", f"expected an agentrl.ToolEnv, got {type(env).__name__}")
     _check_schemas(env)
 
-    first = _reset(env, seed, options)
-    again = _reset(env, seed, options)
-    if _canonical(first) != _canonical(again):
-        _fail(
-            "determinism",
-            f"reset(seed={seed}) gave different observations:\n  {_canonical(first)[:300]}\n"
-            f"  {_canonical(again)[:300]}\nDraw tasks from self.np_random, not global random",
-        )
+    runs = []
+    for _ in range(2):
+        first, first_info = _reset_with_info(env, seed, options)
+        after, after_info = _reset_with_info(env, None, options)
+        runs.append((first, first_info.get("task"), after, after_info.get("task")))
+    for what, index in (("observations", 0), ("tasks", 1)):
+        for call, offset in ((f"reset(seed={seed})", 0), (f"reset() after reset(seed={seed})", 2)):
+            one, two = _canonical(runs[0][index + offset]), _canonical(runs[1][index + offset])
+            if one != two:
+                _fail(
+                    "determinism",
+                    f"{call} gave different {what}:\n  {one[:300]}\n  {two[:300]}\nDraw tasks "
+                    "from self.np_random (seeded by reset), not global random",
+                )
 
     obs, reward, terminated, truncated, info = _step(env, "final answer", "I am done.")
     if not terminated or truncated:
@@ -111,6 +133,9 @@ def check_env(env: Any, *, seed: int = 0, options: Mapping[str, Any] | None = No
         if reward != 0.0:
             _fail("truncation", f"non-final turns must give reward 0.0, got {reward!r}")
 
+    if oracle_episodes > 0:
+        _check_oracle(env, seed, options, oracle_episodes)
+
     try:
         env.close()
         env.close()
@@ -145,11 +170,71 @@ def _check_schemas(env: ToolEnv) -> None:
             _fail("tool schemas", f"tool {name!r}: invalid JSON Schema: {exc.message}")
 
 
+def _check_oracle(
+    env: ToolEnv, seed: int, options: Mapping[str, Any] | None, episodes: int
+) -> None:
+    """Plays the oracle on ``episodes`` tasks; skipped when ``oracle_action`` raises
+    AgentRLError on the first turn (the env has none)."""
+    plays: list[tuple[str, int, Mapping[str, Any] | None]] = []
+    if not options:
+        try:
+            tasks = env.task_set("test", limit=episodes)
+        except AgentRLError:  # no fixed task set (or no test split): play seeds instead
+            tasks = []
+        except Exception as exc:  # noqa: BLE001 - reported as the failed check
+            _fail("oracle", f"task_set('test') raised {type(exc).__name__}: {exc}")
+        for i, task in enumerate(tasks[:episodes]):
+            label = str(task.get("id", task.get("task_id", f"test task {i}")))
+            plays.append((label, seed + i, {"task": task}))
+    # A fixed task (options={"task": row}) is played once: more episodes would only repeat it.
+    wanted = 1 if options and "task" in options else episodes
+    while len(plays) < wanted:
+        i = len(plays)
+        plays.append((f"reset(seed={seed + i})", seed + i, options))
+    failures = []
+    for index, (label, play_seed, play_options) in enumerate(plays):
+        _, info = _reset_with_info(env, play_seed, play_options)
+        reward, terminated, truncated, turn = 0.0, False, False, 0
+        while not (terminated or truncated):
+            try:
+                action = env.oracle_action(info.get("task", {}), list(env.messages))
+            except AgentRLError as exc:
+                if index == 0 and turn == 0:
+                    return  # the env has no scripted oracle
+                _fail("oracle", f"{label}: oracle_action raised {type(exc).__name__} at turn "
+                      f"{turn + 1}: {exc}")
+            except Exception as exc:  # noqa: BLE001 - reported as the failed check
+                _fail("oracle", f"{label}: oracle_action raised {type(exc).__name__}: {exc}")
+            _, reward, terminated, truncated, _ = _step(env, "oracle", action)
+            turn += 1
+        if not (terminated and reward >= SUCCESS_REWARD):
+            end = "terminated" if terminated else "truncated"
+            last = env.messages[-1]["content"] if env.messages else ""
+            failures.append(f"{label}: reward {reward!r} ({end} after {turn} turns; last "
+                            f"message {last!r:.150})")
+    successes = len(plays) - len(failures)
+    if successes < ORACLE_SUCCESS_RATE * len(plays):
+        _fail(
+            "oracle",
+            f"the scripted oracle solved {successes} of {len(plays)} episodes; "
+            f"ToolEnv.oracle_action must reach >= {ORACLE_SUCCESS_RATE:.0%} success (reward 1). "
+            "Fix the oracle or the grader; an env without an oracle lets oracle_action raise "
+            "AgentRLError (the default). Failed:\n  " + "\n  ".join(failures),
+        )
+
+
 def _reset(env: ToolEnv, seed: int, options: Mapping[str, Any] | None) -> list[dict]:
+    return _reset_with_info(env, seed, options)[0]
+
+
+def _reset_with_info(
+    env: ToolEnv, seed: int | None, options: Mapping[str, Any] | None
+) -> tuple[list[dict], dict]:
+    call = f"reset(seed={seed})" if seed is not None else "reset()"
     try:
         result = env.reset(seed=seed, options=dict(options) if options else None)
     except Exception as exc:  # noqa: BLE001 - reported as the failed check
-        _fail("reset", f"reset(seed={seed}) raised {type(exc).__name__}: {exc}")
+        _fail("reset", f"{call} raised {type(exc).__name__}: {exc}")
     if not isinstance(result, tuple) or len(result) != 2:
         _fail("reset", f"reset() must return (observation, info), got {_shape(result)}")
     obs, info = result
@@ -163,7 +248,7 @@ def _reset(env: ToolEnv, seed: int, options: Mapping[str, Any] | None) -> list[d
         _fail("reset", f"the first message must be system or user, got {obs[0]['role']!r}")
     if not isinstance(info, dict) or "tools" not in info:
         _fail("reset", "info must be a dict with the tool schemas under 'tools'")
-    return obs
+    return obs, info
 
 
 def _step(env: ToolEnv, check: str, action: Any) -> tuple:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import abc
 import asyncio
 import collections
+import copy
+import dataclasses
 import inspect
 import json
-import numbers
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -22,7 +23,15 @@ import gymnasium
 from gymnasium.error import ResetNeeded
 
 from agentrl.env.messages import AssistantTurn, Message, MessageList, message_problem
-from agentrl.errors import AgentRLError, MalformedArgumentsError, ToolCallParseError, ToolErrorKind
+from agentrl.env.rewards import as_reward
+from agentrl.errors import (
+    AgentRLError,
+    MalformedArgumentsError,
+    NoTaskSetError,
+    ToolCallParseError,
+    ToolErrorKind,
+    UnknownSplitError,
+)
 from agentrl.tools.calls import ToolCall
 from agentrl.tools.formats import ToolCallFormat, get_format
 from agentrl.tools.tool import Injected, Tool
@@ -30,6 +39,43 @@ from agentrl.tools.toolbox import Toolbox, ToolOutcome, error_text
 
 Action = str | Mapping[str, Any]
 """An assistant turn: ``{"role": "assistant", "content": str, "tool_calls": [...]}`` or text."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTimings:
+    """Wall-clock seconds one :meth:`ToolEnv.step` spent, by phase.
+
+    Attributes:
+        parse_s: Reading the action (parsing tool calls out of raw text).
+        tools_s: Running the turn's tool calls, one after another.
+        reward_s: ``compute_reward`` (grading), on the step that terminated; else about 0.
+        tool_calls_s: Per call, in call order: validation and the tool itself.
+    """
+
+    parse_s: float
+    tools_s: float
+    reward_s: float
+    tool_calls_s: tuple[float, ...] = ()
+
+
+def check_split(env: object, split: str, available: Sequence[str], *, reason: str = "") -> None:
+    """Raises the standard error for a task split an env does not have (in ``task_set`` and
+    in constructors that take a ``split``).
+
+    Args:
+        env: The env (or its class) asked for the split, named in the message.
+        split: The split asked for.
+        available: The env's splits.
+        reason: A sentence added to the message (e.g. why there is no training split).
+
+    Raises:
+        UnknownSplitError: ``split`` is not in ``available``.
+    """
+    if split not in available:
+        name = env.__name__ if isinstance(env, type) else type(env).__name__
+        listed = ", ".join(repr(s) for s in available) or "(none)"
+        message = f"{name} has no task split {split!r}; available splits: {listed}"
+        raise UnknownSplitError(f"{message}. {reason}" if reason else message)
 
 
 class EpisodeState(Injected):
@@ -72,7 +118,9 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
     * ``terminated=True``: the episode reached a natural end and was scored. That happens when an
       assistant turn contains no tool calls (the model gave its final answer), or when a tool
       called :meth:`EpisodeState.finish` (e.g. ``submit``). ``reward`` on that step is
-      :meth:`compute_reward`'s score; on all other steps it is ``0.0``.
+      :meth:`compute_reward`'s score as a float (:func:`agentrl.env.as_reward`: a bool counts
+      as 0/1; a value that is not a finite number raises :class:`~agentrl.errors.RewardError`
+      naming the env); on all other steps it is ``0.0``.
     * ``truncated=True``: the turn limit ``max_turns`` was reached with tools still being called.
       The episode is cut, not failed; its reward is ``0.0`` and it is *not* scored, so RL code
       can tell "ran out of turns" apart from "answered wrongly".
@@ -85,10 +133,17 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
     calls. Errors in the environment's own code (hooks below, an injected value missing)
     propagate: those are bugs, not model behaviour.
 
-    **Info.** ``reset`` returns ``{"task", "tools" (OpenAI-style schemas), "max_turns", "turn"}``.
-    ``step`` returns ``{"turn", "tool_calls" (names), "tool_errors" (kind -> count, this step),
-    "tool_results" (per call: name, error, duration_s), "timings" (parse_s, tools_s, reward_s),
-    "episode_tool_errors" (kind -> count so far)}``.
+    **Info.** ``reset`` returns ``{"task" (a copy of the task row), "tools" (OpenAI-style
+    schemas), "max_turns", "turn"}``. ``step`` returns ``{"turn", "tool_calls" (names),
+    "tool_errors" (kind -> count, this step), "tool_results" (per call: name, error kind or
+    ``None``), "episode_tool_errors" (kind -> count so far)}``. Observations and infos are new
+    objects on every call (changing one never changes the env or a later return), and they hold
+    no wall-clock values: two episodes with the same seed (or task) and actions return equal
+    data, as Gymnasium's ``check_env`` requires.
+
+    **Timings.** :attr:`last_step_timings` holds the wall-clock seconds of the latest step
+    (:class:`StepTimings`: ``parse_s``, ``tools_s``, ``reward_s``, ``tool_calls_s``); every
+    ``step`` replaces it. It is kept out of ``info`` because it differs between identical steps.
 
     **Isolation.** The env itself isolates nothing: tools run in this process (sync tools in a
     worker thread, with their timeout). Tools that run model-written code must do so through a
@@ -108,7 +163,9 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
         render_mode: ``"ansi"`` for :meth:`render` to return the transcript, or ``None``.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
+    """``render_fps`` means nothing for a text transcript; it is set because Gymnasium's
+    checker expects every env with render modes to declare one."""
     tools: ClassVar[Sequence[Tool | Callable[..., Any]]] = ()
     """Default tools of the env class."""
     default_max_turns: ClassVar[int] = 8
@@ -140,6 +197,8 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
         self.action_space = AssistantTurn()
         self.state: EpisodeState | None = None
         self.messages: list[Message] = []
+        self.last_step_timings: StepTimings | None = None
+        """Wall-clock seconds of the latest step (``None`` before the first)."""
         self._turn = 0
         self._done = True
         self._episode_open = False
@@ -168,8 +227,10 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
 
     def task_set(self, split: str = "test", limit: int | None = None) -> list[dict[str, Any]]:
         """The env's fixed tasks of ``split`` (for evaluation and data sources), in a stable
-        order; ``limit`` takes the first ones. Envs without a fixed task set raise."""
-        raise AgentRLError(
+        order; ``limit`` takes the first ones. Envs without a fixed task set raise
+        :class:`~agentrl.errors.NoTaskSetError`; an unknown split raises
+        :class:`~agentrl.errors.UnknownSplitError` (see :func:`check_split`)."""
+        raise NoTaskSetError(
             f"{type(self).__name__} has no task set; evaluate it on seeds (reset(seed=i)) instead"
         )
 
@@ -221,9 +282,10 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
         return "\n".join(lines)
 
     def close(self) -> None:
-        """Ends any open episode and frees the env's event loop. Safe to call repeatedly."""
-        if self._episode_open:
-            self._run_sync(self._close_episode())
+        """Runs :meth:`aclose` (ends any open episode, frees what the env holds) and frees the
+        env's event loop. Safe to call repeatedly."""
+        if self._episode_open or (self._loop is not None and not self._loop.is_closed()):
+            self._run_sync(self.aclose())
         if self._loop is not None and not self._loop.is_closed():
             self._loop.close()
         self._loop = None
@@ -250,13 +312,14 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
         prompt = await _maybe_await(self.make_prompt(task))
         self.messages = list(prompt)
         self._done = False
+        # Copies: what the caller keeps must not alias the env's task, schemas or transcript.
         info = {
-            "task": task,
-            "tools": self.toolbox.schemas,
+            "task": copy.deepcopy(task),
+            "tools": copy.deepcopy(self.toolbox.schemas),
             "max_turns": self.max_turns,
             "turn": 0,
         }
-        return list(prompt), info
+        return copy.deepcopy(self.messages), info
 
     async def astep(
         self, action: Action
@@ -282,17 +345,20 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
         t2 = time.perf_counter()
 
         observation = [o.to_message() for o in outcomes]
-        self.messages.extend(observation)
+        self.messages.extend(o.to_message() for o in outcomes)
         terminated = parse_error is None and (not calls or self.state.finished)
         truncated = not terminated and self._turn >= self.max_turns
         reward = 0.0
         if terminated:
-            reward = _as_reward(
+            reward = as_reward(
                 await _maybe_await(self.compute_reward(self.state.task, message, self.state)),
-                type(self).__name__,
+                f"{type(self).__name__}.compute_reward",
             )
         t3 = time.perf_counter()
         self._done = terminated or truncated
+        self.last_step_timings = StepTimings(
+            t1 - t0, t2 - t1, t3 - t2, tuple(o.duration_s for o in outcomes)
+        )
 
         step_errors: dict[str, int] = {}
         for o in outcomes:
@@ -304,10 +370,9 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
             "tool_calls": [o.call.name for o in outcomes],
             "tool_errors": step_errors,
             "tool_results": [
-                {"name": o.call.name, "error": o.error.value if o.error else None, "duration_s": o.duration_s}
+                {"name": o.call.name, "error": o.error.value if o.error else None}
                 for o in outcomes
             ],
-            "timings": {"parse_s": t1 - t0, "tools_s": t2 - t1, "reward_s": t3 - t2},
             "episode_tool_errors": dict(self._episode_errors),
         }
         if self._done:
@@ -324,7 +389,9 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
         return await self.toolbox.run(call, self._context)
 
     async def aclose(self) -> None:
-        """Async form of :meth:`close` for code already running in an event loop."""
+        """Async form of :meth:`close` for code already running in an event loop: ends any open
+        episode. Subclasses that hold more (e.g. sandbox pools) free it here too, calling
+        ``super().aclose()``. Safe to call repeatedly."""
         await self._close_episode()
 
     # -- internals -----------------------------------------------------------------------------
@@ -392,15 +459,6 @@ def _call_from_dict(raw: Any, index: int) -> ToolCall | ToolOutcome:
         return ToolOutcome(ToolCall("(malformed)"), error_text(error), ToolErrorKind.MALFORMED_ARGUMENTS, 0.0)
     arguments = raw.get("arguments", {})
     return ToolCall(name, arguments, raw.get("id"))
-
-
-def _as_reward(value: Any, env_name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(
-            f"{env_name}.compute_reward must return a real number, got {type(value).__name__} "
-            f"({value!r:.50})"
-        )
-    return float(value)
 
 
 async def _maybe_await(value: Any) -> Any:

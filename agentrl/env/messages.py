@@ -13,21 +13,34 @@ Message = dict[str, Any]
 ROLES = ("system", "user", "assistant", "tool")
 
 
-def message_problem(message: Any) -> str | None:
+def message_problem(message: Any, *, strict: bool = True) -> str | None:
     """Describes what makes ``message`` an invalid chat message, or returns ``None``.
 
-    Valid: a dict with ``role`` in :data:`ROLES` and string ``content``; assistant messages may
-    carry ``tool_calls`` (a list of dicts with a string ``name`` and ``arguments``); tool
-    messages carry a string ``name``.
+    Strict (what a :class:`ToolEnv` returns and takes): a dict with ``role`` in :data:`ROLES`
+    and string ``content``; assistant messages may carry ``tool_calls`` (a list of dicts with a
+    string ``name`` and ``arguments``); tool messages carry a string ``name``.
+
+    Not strict (a conversation in a data file, in the OpenAI chat format): any non-empty
+    ``role``; ``content`` a string, a list of content parts, or ``null`` in an assistant message
+    that has ``tool_calls``.
     """
     if not isinstance(message, Mapping):
-        return f"a message must be a dict, got {type(message).__name__}"
+        return f"must be a message object (a dict), got {type(message).__name__}"
     role = message.get("role")
-    if role not in ROLES:
+    if strict and role not in ROLES:
         return f"role must be one of {ROLES}, got {role!r}"
-    if not isinstance(message.get("content"), str):
-        return f"{role} message content must be a str, got {type(message.get('content')).__name__}"
-    if role == "tool" and not isinstance(message.get("name"), str):
+    if not isinstance(role, str) or not role:
+        return "has no 'role' (str)"
+    if "content" not in message:
+        return "has no 'content'"
+    content = message["content"]
+    if strict and not isinstance(content, str):
+        return f"{role} message content must be a str, got {type(content).__name__}"
+    if content is None and not message.get("tool_calls"):
+        return "has content null and no tool_calls"
+    if content is not None and not isinstance(content, str | list):
+        return f"content must be a string or a list of parts, got {type(content).__name__}"
+    if strict and role == "tool" and not isinstance(message.get("name"), str):
         return "a tool message needs the tool's 'name' (str)"
     calls = message.get("tool_calls")
     if calls is not None:
@@ -36,7 +49,8 @@ def message_problem(message: Any) -> str | None:
         if not isinstance(calls, list):
             return "tool_calls must be a list"
         for i, call in enumerate(calls):
-            if not isinstance(call, Mapping) or not isinstance(call.get("name"), str):
+            if not isinstance(call, Mapping) or not isinstance(
+                    call.get("name", (call.get("function") or {}).get("name")), str):
                 return f"tool_calls[{i}] must be a dict with a str 'name'"
     return None
 

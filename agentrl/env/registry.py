@@ -8,8 +8,9 @@
 * Every env is also registered with Gymnasium, so ``gymnasium.make("agentrl/calc-v0")`` works
   once the registering module is imported (ids without a namespace get ``agentrl/``).
 
-The built-in envs live in the ``agentrl_envs`` package (the repository's ``envs/`` folder); they
-are registered the first time the registry is consulted.
+The built-in envs live in the ``agentrl_envs`` package (the repository's ``envs/`` folder);
+``import agentrl`` registers them (that package only records lazy entry points: no env module
+is imported until an env is made), so their ids are known here and to Gymnasium at once.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import inspect
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import gymnasium
 
-from agentrl.errors import EnvRegistrationError, UnknownEnvError
+from agentrl.errors import EnvArgumentError, EnvRegistrationError, UnknownEnvError
 
 ENV_ID_PATTERN = re.compile(r"^(?:(?P<ns>[\w.-]+)/)?(?P<name>[\w.-]+?)(?:-v(?P<version>\d+))?$")
 GYMNASIUM_NAMESPACE = "agentrl"
@@ -81,18 +83,72 @@ class EnvSpec:
         return obj
 
     def make(self, **kwargs: Any) -> Any:
-        """Builds the env with the spec's defaults overridden by ``kwargs``."""
+        """Builds the env with the spec's defaults overridden by ``kwargs``.
+
+        Raises:
+            EnvRegistrationError: The entry point cannot be loaded or did not return a ToolEnv.
+            EnvArgumentError: An argument the constructor does not accept, or a required one
+                missing (the constructor's own errors propagate unchanged).
+        """
         from agentrl.env.core import ToolEnv
 
         factory = self.load()
-        env = factory(**{**self.kwargs, **kwargs})
+        arguments = {**self.kwargs, **kwargs}
+        try:
+            env = factory(**arguments)
+        except TypeError as exc:
+            problem = self._argument_problem(factory, arguments, exc)
+            if problem is None:  # a TypeError of the constructor's own code
+                raise
+            raise EnvArgumentError(problem) from exc
         if not isinstance(env, ToolEnv):
             raise EnvRegistrationError(
                 f"env {self.id!r}: entry point {self.entry_point!r} returned "
                 f"{type(env).__name__}, which is not an agentrl.ToolEnv"
             )
         env.env_id = self.id
+        gym_spec = gymnasium.registry.get(gymnasium_id(self.id))
+        if env.spec is None and gym_spec is not None and gym_spec.entry_point == self.entry_point:
+            # As gymnasium.make records it on the unwrapped env, so that Gymnasium tools
+            # (check_env's render and close checks, env.spec.make()) can build it again.
+            env.spec = dataclasses.replace(
+                gym_spec, kwargs=arguments, max_episode_steps=None, order_enforce=False,
+                disable_env_checker=True, additional_wrappers=(),
+            )
         return env
+
+    def _argument_problem(
+        self, factory: Callable[..., Any], arguments: Mapping[str, Any], error: TypeError
+    ) -> str | None:
+        """What is wrong with ``arguments`` given the constructor's signature, when ``error``
+        (raised by calling it) is that mismatch; ``None`` when it is some other TypeError.
+
+        A typo in ``--env-kwarg`` otherwise surfaces as a TypeError from deep in ``__init__``
+        (``super().__init__(**kwargs)``) that names neither the env nor what it accepts.
+        """
+        accepted = _accepted_keywords(factory)
+        if accepted is None:
+            return None
+        names, required = accepted
+        text = str(error)
+        what = getattr(factory, "__qualname__", repr(factory))
+        unknown = sorted(n for n in set(arguments) - names if f"'{n}'" in text)
+        if unknown:
+            hints = []
+            for name in unknown:
+                close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.6)
+                hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            return (
+                f"env {self.id!r} ({what}) got unknown argument(s) {', '.join(hints)}; it "
+                f"accepts: {', '.join(sorted(names)) or '(none)'}"
+            )
+        missing = sorted(n for n in required - set(arguments) if f"'{n}'" in text)
+        if missing:
+            return (
+                f"env {self.id!r} ({what}) needs the argument(s) {', '.join(map(repr, missing))} "
+                "(pass them to make_env, or --env-kwarg KEY=VALUE on the command line)"
+            )
+        return None
 
     def describe(self) -> str:
         """The description, or the first line of the env class's docstring."""
@@ -103,6 +159,43 @@ class EnvSpec:
         except EnvRegistrationError as exc:
             return f"(cannot load: {exc})"
         return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def _accepted_keywords(factory: Callable[..., Any]) -> tuple[set[str], set[str]] | None:
+    """(keyword names ``factory`` accepts, names its own signature requires), or ``None`` when
+    any name may be accepted (a ``**kwargs`` that is not forwarded along a class's ``__init__``
+    chain, or no signature).
+
+    For a class, ``**kwargs`` of an ``__init__`` is taken to go to the next ``__init__`` of the
+    MRO (``super().__init__(**kwargs)``, as ToolEnv subclasses do), so the names of the chain
+    are collected until an ``__init__`` without ``**kwargs``.
+    """
+    if inspect.isclass(factory):
+        inits = [k.__dict__["__init__"] for k in factory.__mro__ if "__init__" in k.__dict__]
+        skip_self = True
+    else:
+        inits, skip_self = [factory], False
+    names: set[str] = set()
+    required: set[str] = set()
+    for init in inits:
+        if init is object.__init__:
+            return names, required
+        try:
+            params = list(inspect.signature(init).parameters.values())
+        except (TypeError, ValueError):  # a builtin without a signature: accept anything
+            return None
+        if skip_self:
+            params = params[1:]
+        for p in params:
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                # Only the outermost signature's required names are certain: a subclass may
+                # pass a parent's required argument itself.
+                if p.default is p.empty and init is inits[0]:
+                    required.add(p.name)
+                names.add(p.name)
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            return names, required
+    return None
 
 
 _REGISTRY: dict[str, EnvSpec] = {}
@@ -149,10 +242,16 @@ def register_env(
             "choose another id or bump its version (-vN)"
         )
     _REGISTRY[id] = spec
-    gym_id = id if "/" in id else f"{GYMNASIUM_NAMESPACE}/{id}"
+    gym_id = gymnasium_id(id)
     if gym_id not in gymnasium.registry:
         gymnasium.register(id=gym_id, entry_point=entry_point, kwargs=dict(defaults))
     return spec
+
+
+def gymnasium_id(id: str) -> str:
+    """The id an env is registered under with Gymnasium: ``agentrl/<id>`` unless ``id`` has a
+    namespace of its own."""
+    return id if "/" in id else f"{GYMNASIUM_NAMESPACE}/{id}"
 
 
 def load_builtin_envs() -> None:
@@ -165,6 +264,25 @@ def load_builtin_envs() -> None:
         importlib.import_module(module)
 
 
+def import_env_module(module: str, *, context: str = "") -> None:
+    """Imports ``module`` so that its ``register_env`` calls run.
+
+    Args:
+        module: A dotted module name, e.g. ``my_pkg.envs``.
+        context: Where the name came from, for the message (e.g. ``"from env id 'm:x'"``).
+
+    Raises:
+        EnvRegistrationError: The module cannot be imported.
+    """
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        where = f" ({context})" if context else ""
+        raise EnvRegistrationError(
+            f"cannot import module {module!r}{where}: {exc}. Is it installed or on PYTHONPATH?"
+        ) from exc
+
+
 def env_spec(id: str) -> EnvSpec:
     """Looks up an id (``name``, ``name-vN`` or ``module:name``).
 
@@ -175,13 +293,7 @@ def env_spec(id: str) -> EnvSpec:
     load_builtin_envs()
     if ":" in id:
         module, _, id = id.partition(":")
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise EnvRegistrationError(
-                f"cannot import module {module!r} (from env id '{module}:{id}'): {exc}. "
-                "Is it installed or on PYTHONPATH?"
-            ) from exc
+        import_env_module(module, context=f"from env id '{module}:{id}'")
     if id in _REGISTRY:
         return _REGISTRY[id]
     match = ENV_ID_PATTERN.match(id)

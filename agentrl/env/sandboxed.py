@@ -1,7 +1,8 @@
 """``SandboxedToolEnv``: a ToolEnv whose episodes each get a sandbox.
 
-The sandbox is acquired from a pool when an episode starts (after the task is chosen), filled
-by :meth:`SandboxedToolEnv.prepare_sandbox`, injected into every tool that annotates a
+The sandbox is acquired from a pool when an episode starts (after the task is chosen; the env's
+:class:`~agentrl.sandbox.SandboxPools` picks the pool), filled by
+:meth:`SandboxedToolEnv.prepare_sandbox`, injected into every tool that annotates a
 parameter with :class:`agentrl.sandbox.Sandbox`, still available to ``compute_reward`` (grading
 runs in it), and released (closed, workspace deleted) when the episode ends.
 
@@ -15,12 +16,11 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import weakref
 from collections.abc import Mapping
 from typing import Any
 
 from agentrl.env.core import EpisodeState, ToolEnv
-from agentrl.sandbox import Limits, Sandbox, SandboxPool, create_sandbox, resolve_backend
+from agentrl.sandbox import Limits, Sandbox, SandboxPool, SandboxPools, resolve_backend
 
 _log = logging.getLogger(__name__)
 
@@ -73,30 +73,6 @@ async def close_episode_resources(state: EpisodeState | None) -> None:
             _log.warning("closing episode resource %r failed: %r", resource, exc)
 
 
-_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, SandboxPool]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def shared_pool(
-    backend: str, limits: Limits, max_concurrent: int, options: Mapping[str, Any] | None = None
-) -> SandboxPool:
-    """The pool for (this event loop, backend, limits, options), created on first use.
-
-    Envs of one event loop share it, so ``max_concurrent`` bounds the sandboxes of all their
-    episodes together; pools are per loop because asyncio primitives are.
-    """
-    loop = asyncio.get_running_loop()
-    options = dict(options or {})
-    key = (backend, limits, max_concurrent, tuple(sorted(options.items())))
-    pools = _pools.setdefault(loop, {})
-    if key not in pools:
-        pools[key] = SandboxPool(
-            lambda: create_sandbox(backend, limits, **options), max_concurrent=max_concurrent
-        )
-    return pools[key]
-
-
 class SandboxedToolEnv(ToolEnv):
     """A :class:`ToolEnv` with one sandbox per episode.
 
@@ -104,13 +80,19 @@ class SandboxedToolEnv(ToolEnv):
         sandbox: Backend name (``auto``, ``bwrap``, ``docker``, ``process``); resolved once,
             when the env is built, so a missing backend fails early with instructions.
         limits: Resource limits of each episode's sandbox.
-        max_concurrent_sandboxes: Sandboxes of this event loop's episodes alive at once; more
+        max_concurrent_sandboxes: Sandboxes alive at once over every episode that draws from
+            the same ``sandbox_pools`` (with the same backend, limits and this value); more
             episodes wait for a slot.
-        sandbox_options: Backend options (docker: ``image``).
+        sandbox_options: Backend options (docker: ``image``); per task, see
+            :meth:`sandbox_options_for`.
+        sandbox_pools: The run's pools, shared by all its envs so that
+            ``max_concurrent_sandboxes`` bounds them together. Without it the env makes its own
+            and closes it in :meth:`close` / :meth:`aclose`.
         **kwargs: Passed to :class:`ToolEnv`.
 
     Subclasses implement :meth:`prepare_sandbox` (write the task's files) and use
-    ``self.sandbox`` in ``compute_reward`` to grade.
+    ``self.sandbox`` in ``compute_reward`` to grade; :meth:`sandbox_options_for` picks backend
+    options per task (e.g. an image per instance).
     """
 
     default_limits = Limits()
@@ -122,22 +104,38 @@ class SandboxedToolEnv(ToolEnv):
         limits: Limits | None = None,
         max_concurrent_sandboxes: int = 16,
         sandbox_options: Mapping[str, Any] | None = None,
+        sandbox_pools: SandboxPools | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if sandbox_pools is not None and not isinstance(sandbox_pools, SandboxPools):
+            raise TypeError(
+                f"sandbox_pools must be an agentrl.sandbox.SandboxPools, got {type(sandbox_pools).__name__}"
+            )
         self.sandbox_backend = resolve_backend(sandbox)
         self.limits = limits or self.default_limits
         self.max_concurrent_sandboxes = max_concurrent_sandboxes
         self.sandbox_options = dict(sandbox_options or {})
+        self._owns_pools = sandbox_pools is None
+        self.sandbox_pools = SandboxPools() if sandbox_pools is None else sandbox_pools
         self.sandbox: Sandbox | None = None
         self._pool: SandboxPool | None = None
 
     async def prepare_sandbox(self, sandbox: Sandbox, task: Mapping[str, Any]) -> None:
         """Fills a fresh sandbox for ``task`` (files, set-up commands). Default: nothing."""
 
+    def sandbox_options_for(self, task: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The backend options of ``task``'s sandbox; episodes with different options draw
+        from different pools (which still share ``max_concurrent_sandboxes``). Default:
+        ``self.sandbox_options`` for every task."""
+        return self.sandbox_options
+
     async def setup_episode(self, task: Mapping[str, Any]) -> None:
-        self._pool = shared_pool(
-            self.sandbox_backend, self.limits, self.max_concurrent_sandboxes, self.sandbox_options
+        """Acquires a sandbox from the pool of :meth:`sandbox_options_for` (waiting while
+        ``max_concurrent_sandboxes`` are in use) and fills it with :meth:`prepare_sandbox`."""
+        self._pool = self.sandbox_pools.get(
+            self.sandbox_backend, self.limits, self.max_concurrent_sandboxes,
+            self.sandbox_options_for(task),
         )
         self.sandbox = await self._pool.acquire()
         try:
@@ -157,3 +155,10 @@ class SandboxedToolEnv(ToolEnv):
 
     def tool_context(self) -> list[Any]:
         return [self.state, self.sandbox]
+
+    async def aclose(self) -> None:
+        """Ends any open episode, then closes the env's own pools (made when no
+        ``sandbox_pools`` was given); shared pools are left to the run that made them."""
+        await super().aclose()
+        if self._owns_pools:
+            await self.sandbox_pools.aclose()

@@ -28,7 +28,7 @@ from agentrl.sandbox.base import (
 )
 from agentrl.sandbox.bwrap import BwrapSandbox
 from agentrl.sandbox.local import ProcessSandbox
-from agentrl.sandbox.pool import SandboxPool, reap_leftovers
+from agentrl.sandbox.pool import SandboxPool, SandboxPools, reap_leftovers
 
 BACKENDS = ("auto", "bwrap", "docker", "process")
 
@@ -53,7 +53,7 @@ def resolve_backend(backend: str = "auto") -> str:
         "no isolating sandbox is available. Install bubblewrap (`apt-get install bubblewrap`), "
         "or start Docker (`scripts/dockerd.sh start` and export the DOCKER_HOST it prints; "
         f"docker said: {docker_reason}). To run trusted code without isolation, choose "
-        "--sandbox process explicitly."
+        "the `process` backend explicitly (`--env-kwarg sandbox=process`)."
     )
 
 
@@ -94,6 +94,7 @@ __all__ = [
     "Sandbox",
     "SandboxError",
     "SandboxPool",
+    "SandboxPools",
     "SandboxUnavailableError",
     "ShellSession",
     "create_sandbox",

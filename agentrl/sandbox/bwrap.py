@@ -64,8 +64,8 @@ class BwrapSandbox(LocalSandbox):
             if shutil.which(tool) is None:
                 raise SandboxUnavailableError(
                     f"the bwrap backend needs `{tool}`: `apt-get install bubblewrap util-linux` "
-                    "(Debian/Ubuntu), or choose --sandbox docker, or --sandbox process for "
-                    "trusted code only"
+                    "(Debian/Ubuntu), or choose another backend: `--env-kwarg sandbox=docker`, or "
+                    "`--env-kwarg sandbox=process` for trusted code only"
                 )
         super().__init__(limits, tag=tag)
         self._holder: asyncio.subprocess.Process | None = None

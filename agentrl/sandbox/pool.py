@@ -8,21 +8,27 @@ started sandboxes wait ready, so acquiring one is a queue pop rather than a cont
 Leftovers of crashed runs (workspaces, mounts and processes of local backends whose owner pid
 is dead; containers labelled with a dead owner pid) are removed by :func:`reap_leftovers`, which
 the pool runs when it starts.
+
+:class:`SandboxPools` holds the pools of one run (one per backend, limits and options), made on
+first use; every env of the run receives the same one, so admission control spans the run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import logging
 import os
 import shutil
 import subprocess
-from collections.abc import AsyncIterator, Callable
+import weakref
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from agentrl.sandbox import _procs
-from agentrl.sandbox.base import Sandbox
+from agentrl.sandbox.base import Limits, Sandbox
 
 SandboxFactory = Callable[[], Sandbox]
 logger = logging.getLogger(__name__)
@@ -38,10 +44,19 @@ class SandboxPool:
         prewarm: Started sandboxes kept ready (counted within ``max_concurrent`` only when
             handed out).
         reap: Remove leftovers of dead runs when the pool starts.
+        slots: An admission semaphore shared with other pools, so that ``max_concurrent``
+            bounds their sandboxes together (as :class:`SandboxPools` does); default: the
+            pool's own, with ``max_concurrent`` slots.
     """
 
     def __init__(
-        self, factory: SandboxFactory, *, max_concurrent: int = 16, prewarm: int = 0, reap: bool = True
+        self,
+        factory: SandboxFactory,
+        *,
+        max_concurrent: int = 16,
+        prewarm: int = 0,
+        reap: bool = True,
+        slots: asyncio.Semaphore | None = None,
     ) -> None:
         if max_concurrent < 1:
             raise ValueError("max_concurrent must be >= 1")
@@ -51,7 +66,7 @@ class SandboxPool:
         self.max_concurrent = max_concurrent
         self.prewarm = prewarm
         self._reap = reap
-        self._slots = asyncio.Semaphore(max_concurrent)
+        self._slots = slots if slots is not None else asyncio.Semaphore(max_concurrent)
         self._warm: asyncio.Queue[Sandbox] = asyncio.Queue()
         self._in_use: set[Sandbox] = set()
         self._refills: set[asyncio.Task[None]] = set()
@@ -134,7 +149,10 @@ class SandboxPool:
         return sandbox
 
     async def release(self, sandbox: Sandbox) -> None:
-        """Ends an episode's use: closes the sandbox and frees its slot."""
+        """Ends an episode's use: closes the sandbox and frees its slot. After :meth:`close`
+        (which closed every sandbox in use) it does nothing."""
+        if self._closed and sandbox not in self._in_use:
+            return
         if sandbox not in self._in_use:
             raise ValueError("this sandbox was not acquired from this pool (or already released)")
         self._in_use.discard(sandbox)
@@ -172,6 +190,117 @@ class SandboxPool:
 
     async def __aexit__(self, *exc_info: Any) -> None:
         await self.close()
+
+
+SandboxCreator = Callable[..., Sandbox]
+"""``creator(backend, limits, **options)`` -> a new, not yet started sandbox."""
+
+
+@dataclasses.dataclass
+class _LoopPools:
+    pools: dict[tuple[Any, ...], SandboxPool] = dataclasses.field(default_factory=dict)
+    slots: dict[tuple[Any, ...], asyncio.Semaphore] = dataclasses.field(default_factory=dict)
+
+
+class SandboxPools:
+    """The sandbox pools of one run: a :class:`SandboxPool` per (event loop, backend, limits,
+    ``max_concurrent``, options), made on first use.
+
+    A run makes one and gives it to every env it builds (``SandboxedToolEnv(sandbox_pools=...)``),
+    so ``max_concurrent`` bounds the sandboxes of all their episodes together. Pools that differ
+    only in ``options`` (e.g. one Docker image per SWE-bench instance) share one admission
+    limit as well: the bound holds for the run, not per image. Pools are per event loop because
+    asyncio primitives are.
+
+    Copying returns the same object: a copy (e.g. Gymnasium deep-copying an env spec's kwargs to
+    make the env again) must still share the run's pools and their admission control.
+
+    Args:
+        prewarm: Started sandboxes each pool keeps ready.
+        reap: Remove leftovers of dead runs when the first pool starts.
+        creator: Builds one sandbox, ``creator(backend, limits, **options)``; default
+            :func:`agentrl.sandbox.create_sandbox`.
+    """
+
+    def __init__(
+        self, *, prewarm: int = 0, reap: bool = True, creator: SandboxCreator | None = None
+    ) -> None:
+        if prewarm < 0:
+            raise ValueError("prewarm must be >= 0")
+        self.prewarm = prewarm
+        self._reap = reap
+        self._creator = creator
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopPools] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def get(
+        self,
+        backend: str,
+        limits: Limits,
+        max_concurrent: int,
+        options: Mapping[str, Any] | None = None,
+    ) -> SandboxPool:
+        """The pool of (the running event loop, ``backend``, ``limits``, ``max_concurrent``,
+        ``options``), made on first use.
+
+        Args:
+            backend: A concrete backend name (``bwrap``, ``docker``, ``process``).
+            limits: Resource limits of each sandbox.
+            max_concurrent: Sandboxes in use at once, over all pools with the same backend,
+                limits and ``max_concurrent``.
+            options: Backend options (docker: ``image``).
+
+        Raises:
+            RuntimeError: No event loop is running.
+        """
+        loop = asyncio.get_running_loop()
+        opts = dict(options or {})
+        admission = (backend, limits, max_concurrent)
+        # Options may hold unhashable values (docker labels are a dict): key on their JSON.
+        key = (*admission, json.dumps(opts, sort_keys=True, default=repr))
+        entry = self._loops.setdefault(loop, _LoopPools())
+        pool = entry.pools.get(key)
+        if pool is None:
+            slots = entry.slots.setdefault(admission, asyncio.Semaphore(max_concurrent))
+            creator = self._creator or _default_creator()
+            pool = SandboxPool(
+                lambda: creator(backend, limits, **opts), max_concurrent=max_concurrent,
+                prewarm=self.prewarm, reap=self._reap, slots=slots,
+            )
+            self._reap = False  # reaping once per run is enough
+            entry.pools[key] = pool
+        return pool
+
+    def __len__(self) -> int:
+        """The number of open pools (over all event loops)."""
+        return sum(len(entry.pools) for entry in self._loops.values())
+
+    async def aclose(self) -> None:
+        """Closes every pool of the running event loop (their warm and in-use sandboxes) and
+        forgets them; a later :meth:`get` makes new ones. Call it in each loop that used the
+        pools. Idempotent."""
+        entry = self._loops.pop(asyncio.get_running_loop(), None)
+        if entry is None:
+            return
+        results = await asyncio.gather(
+            *(pool.close() for pool in entry.pools.values()), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    def __copy__(self) -> SandboxPools:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> SandboxPools:
+        return self
+
+
+def _default_creator() -> SandboxCreator:
+    from agentrl.sandbox import create_sandbox  # the package imports this module first
+
+    return create_sandbox
 
 
 def reap_leftovers() -> dict[str, int]:

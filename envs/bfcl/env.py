@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentrl import EpisodeState, ToolEnv
+from agentrl.env import check_split
 from agentrl.errors import AgentRLError, SchemaViolationError
 from agentrl.tools import Tool, ToolCall
 from agentrl.tools.toolbox import Toolbox, ToolOutcome, error_text
@@ -133,12 +134,10 @@ class BfclEnv(ToolEnv):
         """The tasks of the env's categories, category by category (``limit``: the first).
 
         Raises:
-            AgentRLError: ``split`` is not ``"test"``.
+            UnknownSplitError: ``split`` is not ``"test"``.
         """
-        if split != "test":
-            raise AgentRLError(
-                f"BFCL has only the split 'test' (it is an evaluation set), got {split!r}"
-            )
+        check_split(self, split, ("test",),
+                    reason="BFCL has only the split 'test' (it is an evaluation set)")
         return load_tasks(self.categories, limit)
 
     async def setup_episode(self, task: Mapping[str, Any]) -> None:

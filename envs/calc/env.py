@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentrl import EpisodeState, ToolEnv
+from agentrl.env import check_split
 from agentrl.tools import ToolCall
 from agentrl_envs.calc.tasks import SPLITS, load_tasks, sample_task
 from agentrl_tools.calculator import calculator
@@ -35,7 +36,8 @@ class CalcEnv(ToolEnv):
     ``Answer: N``. A demonstration is about 170 tokens.
 
     Args:
-        split: Task split that ``reset()`` without a task draws from (``train`` or ``test``).
+        split: Task split that ``reset()`` without a task draws from (``train`` or ``test``;
+            another raises :class:`~agentrl.errors.UnknownSplitError`).
         compact: Short system prompt with an example call instead of the template's tool schema
             listing; terse oracle turns (see above). Default ``False``.
         max_turns: Assistant turns before truncation (default 4: one call, one answer, slack).
@@ -46,8 +48,7 @@ class CalcEnv(ToolEnv):
     default_max_turns = 4
 
     def __init__(self, *, split: str = "train", compact: bool = False, **kwargs: Any) -> None:
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        check_split(type(self), split, SPLITS)
         if not isinstance(compact, bool):
             raise ValueError(f"compact must be true or false, got {compact!r}")
         super().__init__(**kwargs)
@@ -80,6 +81,12 @@ class CalcEnv(ToolEnv):
         return 1.0 if answers and int(answers[-1]) == int(task["answer"]) else 0.0
 
     def task_set(self, split: str = "test", limit: int | None = None) -> list[dict[str, Any]]:
+        """The first ``limit`` (default 1000) tasks of ``split``.
+
+        Raises:
+            UnknownSplitError: ``split`` is not ``train`` or ``test``.
+        """
+        check_split(self, split, SPLITS)
         return load_tasks(split, 1000 if limit is None else limit)
 
     def oracle_action(self, task: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> str:

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentrl import EpisodeState
+from agentrl.env import check_split
 from agentrl.env.sandboxed import SandboxedToolEnv
 from agentrl.errors import AgentRLError
 from agentrl.sandbox import Sandbox
@@ -59,16 +60,15 @@ class HumanEvalEnv(SandboxedToolEnv):
             ``limits``, ``max_concurrent_sandboxes``, ...).
 
     Raises:
-        ValueError: ``split`` is not ``"test"`` or the timeout is not positive.
+        ValueError: ``split`` is not ``"test"`` (:class:`~agentrl.errors.UnknownSplitError`) or
+            the timeout is not positive.
     """
 
     tools = (python,)
     default_max_turns = 8
 
     def __init__(self, *, split: str = "test", test_timeout_s: float = 10.0, **kwargs: Any) -> None:
-        if split not in SPLITS:
-            raise ValueError(TRAIN_SPLIT_MESSAGE if split == "train" else
-                             f"split must be one of {SPLITS}, got {split!r}")
+        check_split(type(self), split, SPLITS, reason=TRAIN_SPLIT_MESSAGE)
         if test_timeout_s <= 0:
             raise ValueError(f"test_timeout_s must be > 0, got {test_timeout_s!r}")
         super().__init__(**kwargs)
@@ -83,11 +83,9 @@ class HumanEvalEnv(SandboxedToolEnv):
         """All 164 problems in task-id order (``limit``: the first ones).
 
         Raises:
-            AgentRLError: ``split`` is not ``"test"`` (there is no training split).
+            UnknownSplitError: ``split`` is not ``"test"`` (there is no training split).
         """
-        if split not in SPLITS:
-            raise AgentRLError(TRAIN_SPLIT_MESSAGE if split == "train" else
-                               f"HumanEval has only the split 'test', got {split!r}")
+        check_split(self, split, SPLITS, reason=TRAIN_SPLIT_MESSAGE)
         return load_problems(limit)
 
     def make_prompt(self, task: Mapping[str, Any]) -> list[dict[str, Any]]:

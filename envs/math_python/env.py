@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentrl import EpisodeState
+from agentrl.env import check_split
 from agentrl.env.sandboxed import SandboxedToolEnv
 from agentrl_envs.math_python.tasks import (
     DEFAULT_GENERATORS,
@@ -64,7 +65,8 @@ class MathPythonEnv(SandboxedToolEnv):
         **kwargs: Passed to :class:`agentrl.env.sandboxed.SandboxedToolEnv`.
 
     Raises:
-        ValueError: Unknown split, no generator, or a negative size.
+        ValueError: Unknown split (:class:`~agentrl.errors.UnknownSplitError`), no generator,
+            or a negative size.
     """
 
     tools = (python,)
@@ -80,8 +82,7 @@ class MathPythonEnv(SandboxedToolEnv):
         seed: int = 0,
         **kwargs: Any,
     ) -> None:
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        check_split(type(self), split, SPLITS)
         generators = tuple(generators)
         if not generators or not all(isinstance(g, str) for g in generators):
             raise ValueError(f"generators must be reasoning-gym dataset names, got {generators!r}")
@@ -110,8 +111,9 @@ class MathPythonEnv(SandboxedToolEnv):
         """The tasks of ``split``, generator by generator (``limit``: the first ones).
 
         Raises:
-            ValueError: Unknown split.
+            UnknownSplitError: ``split`` is not ``train`` or ``test``.
         """
+        check_split(self, split, SPLITS)
         return load_tasks(
             split, generators=self.generators, train_size=self.train_size,
             test_size=self.test_size, seed=self.seed, limit=limit,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl import EpisodeState
+from agentrl.env import check_split
 from agentrl.env.sandboxed import SandboxedToolEnv
 from agentrl.sandbox import Limits, Sandbox
 from agentrl.tools import ToolCall
@@ -89,8 +90,7 @@ class SweToolsEnv(SandboxedToolEnv):
         test_timeout: float = 300,
         **kwargs: Any,
     ) -> None:
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        check_split(type(self), split, SPLITS)
         if reward not in REWARDS:
             raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
         super().__init__(**kwargs)
@@ -127,9 +127,11 @@ class SweToolsEnv(SandboxedToolEnv):
         Args:
             split: ``train`` or ``test``.
             limit: Keep only the first ``limit`` tasks.
+
+        Raises:
+            UnknownSplitError: Another split.
         """
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        check_split(self, split, SPLITS)
         rows = [t for t in self.all_tasks() if t["split"] == split]
         return rows if limit is None else rows[:limit]
 

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrl import EpisodeState
-from agentrl.env.sandboxed import SandboxedToolEnv, shared_pool
+from agentrl.env import check_split
+from agentrl.env.sandboxed import SandboxedToolEnv
 from agentrl.sandbox import WORKSPACE, Limits, Sandbox, SandboxError
 from agentrl.tools import ToolCall
 from agentrl_envs.swe_tools import _grader, grading
@@ -129,7 +130,14 @@ class SweBenchEnv(SandboxedToolEnv):
         self.last_report: dict[str, Any] | None = None
 
     def task_set(self, split: str = "test", limit: int | None = None) -> list[dict[str, Any]]:
-        """The instances whose ``split`` field (default ``test``) is ``split``, in given order."""
+        """The instances whose ``split`` field (default ``test``) is ``split``, in given order.
+
+        Raises:
+            UnknownSplitError: No instance is in ``split``.
+        """
+        splits = sorted({r.get("split", "test") for r in self.instances})
+        check_split(self, split, splits, reason="" if self.instances else
+                    "SweBenchEnv has no instances: pass instances= or instances_path=")
         rows = [r for r in self.instances if r.get("split", "test") == split]
         return rows if limit is None else rows[:limit]
 
@@ -139,16 +147,9 @@ class SweBenchEnv(SandboxedToolEnv):
             raise ValueError("SweBenchEnv has no instances: pass instances= or instances_path=")
         return self.instances[int(self.np_random.integers(len(self.instances)))]
 
-    async def setup_episode(self, task: Mapping[str, Any]) -> None:
-        """Acquires a sandbox of the instance's image (one pool per image)."""
-        options = {**self.sandbox_options, "image": task["image"]}
-        self._pool = shared_pool(self.sandbox_backend, self.limits, self.max_concurrent_sandboxes, options)
-        self.sandbox = await self._pool.acquire()
-        try:
-            await self.prepare_sandbox(self.sandbox, task)
-        except BaseException:
-            await self.teardown_episode()
-            raise
+    def sandbox_options_for(self, task: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The instance's image (one pool per image; all share ``max_concurrent_sandboxes``)."""
+        return {**self.sandbox_options, "image": task["image"]}
 
     async def prepare_sandbox(self, sandbox: Sandbox, task: Mapping[str, Any]) -> None:
         """Copies the repository from ``repo_path`` into the workspace."""

@@ -376,3 +376,17 @@ def test_one_episode_on_docker() -> None:
         assert step(env, "submit") == ("Submitted.", 1.0, True)
     finally:
         env.close()
+
+
+def test_every_builtin_tool_is_importable_by_name_from_the_package():
+    import agentrl_tools
+    from agentrl.tools import Tool
+    from agentrl_tools import bash as bash_tool
+    from agentrl_tools import calculator
+
+    assert bash_tool is bash and isinstance(calculator, Tool)
+    exported = {name: getattr(agentrl_tools, name) for name in agentrl_tools.__all__}
+    assert {name: t.name for name, t in exported.items()} == {
+        "bash": "bash", "calculator": "calculator", "editor": "editor", "python": "python",
+        "run_tests": "run_tests", "search": "search", "submit": "submit",
+    }

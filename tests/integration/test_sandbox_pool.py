@@ -1,4 +1,5 @@
-"""SandboxPool: admission control with backpressure, pre-warming, reaping, no leaks."""
+"""SandboxPool: admission control with backpressure, pre-warming, reaping, no leaks; and
+SandboxPools, the pools a run's envs share."""
 
 from __future__ import annotations
 
@@ -8,9 +9,19 @@ import shutil
 import subprocess
 import time
 
+import gymnasium
 import pytest
 
-from agentrl.sandbox import Limits, SandboxPool, create_sandbox, reap_leftovers, resolve_backend
+from agentrl import SandboxedToolEnv
+from agentrl.sandbox import (
+    Limits,
+    Sandbox,
+    SandboxPool,
+    SandboxPools,
+    create_sandbox,
+    reap_leftovers,
+    resolve_backend,
+)
 from agentrl.sandbox._procs import allocate_uid, sandbox_root
 from agentrl.sandbox.base import SandboxUnavailableError
 from tests.support.sandboxes import backend_skip_reason
@@ -209,3 +220,133 @@ def test_auto_backend_explains_how_to_fix(monkeypatch):
     assert "--sandbox process" in message and "connection refused" in message
     with pytest.raises(ValueError, match="unknown sandbox backend"):
         resolve_backend("vm")
+
+
+class FakeSandbox(Sandbox):
+    """Records the options it was made with; runs nothing."""
+
+    backend = "fake"
+
+    def __init__(self, limits=None, **options):
+        super().__init__(limits)
+        self.options = options
+
+    async def start(self):
+        pass
+
+    async def exec(self, command, *, timeout=None, stdin=None, env=None, cwd="/workspace"):
+        raise NotImplementedError
+
+    async def open_shell(self):
+        raise NotImplementedError
+
+    async def read_file(self, path, *, max_bytes=None):
+        raise NotImplementedError
+
+    async def write_file(self, path, data):
+        raise NotImplementedError
+
+    async def close(self):
+        self.closed = True
+
+
+class ImageEnv(SandboxedToolEnv):
+    """One sandbox per episode, of the task's image."""
+
+    def sample_task(self):
+        return {"image": "base"}
+
+    def make_prompt(self, task):
+        return [{"role": "user", "content": "go"}]
+
+    def compute_reward(self, task, final, state):
+        return 0.0
+
+    def sandbox_options_for(self, task):
+        return {**self.sandbox_options, "image": task["image"]}
+
+
+def fake_pools() -> tuple[SandboxPools, list[FakeSandbox]]:
+    made: list[FakeSandbox] = []
+
+    def creator(backend, limits, **options):
+        made.append(FakeSandbox(limits, **options))
+        return made[-1]
+
+    return SandboxPools(reap=False, creator=creator), made
+
+
+@pytest.mark.parametrize("images", [("a", "a"), ("a", "b")], ids=["same image", "two images"])
+def test_envs_sharing_pools_wait_for_one_slot_together(images):
+    pools, made = fake_pools()
+    envs = [ImageEnv(sandbox="process", max_concurrent_sandboxes=1, sandbox_pools=pools,
+                     sandbox_options={"tag": "t"}) for _ in images]
+
+    async def main():
+        await envs[0].areset(options={"task": {"image": images[0]}})
+        second = asyncio.ensure_future(envs[1].areset(options={"task": {"image": images[1]}}))
+        for _ in range(20):  # let the second episode run as far as it can
+            await asyncio.sleep(0)
+        waited = not second.done() and envs[1].sandbox is None
+        await envs[0].astep("done")  # a final answer: the episode ends, its sandbox is released
+        await second
+        got = envs[1].sandbox
+        for env in envs:
+            await env.aclose()
+        await pools.aclose()
+        return waited, got
+
+    waited, second_sandbox = asyncio.run(main())
+    assert waited
+    assert [sb.options for sb in made] == [{"tag": "t", "image": image} for image in images]
+    assert second_sandbox is made[1] and all(sb.closed for sb in made)
+
+
+class RecordingPools(SandboxPools):
+    closed: list[SandboxPools] = []
+
+    async def aclose(self):
+        RecordingPools.closed.append(self)
+        await super().aclose()
+
+
+class PlainEnv(ImageEnv):
+    def sandbox_options_for(self, task):
+        return self.sandbox_options
+
+
+def test_env_without_pools_closes_its_own(monkeypatch):
+    monkeypatch.setattr(RecordingPools, "closed", [])
+    monkeypatch.setattr("agentrl.env.sandboxed.SandboxPools", RecordingPools)
+    env = PlainEnv(sandbox="process")
+    env.reset()
+    env.close()
+    assert RecordingPools.closed == [env.sandbox_pools]
+
+
+def test_env_leaves_shared_pools_to_their_owner(monkeypatch):
+    monkeypatch.setattr(RecordingPools, "closed", [])
+    env = PlainEnv(sandbox="process", sandbox_pools=RecordingPools())
+    env.reset()
+    env.close()
+    assert RecordingPools.closed == []
+
+
+def test_gymnasium_remake_from_spec_shares_the_pools():
+    pools, _ = fake_pools()
+    env = gymnasium.make("agentrl/math-python-v0", sandbox="process", sandbox_pools=pools)
+    again = env.unwrapped.spec.make()
+    assert again.unwrapped.sandbox_pools is pools
+
+
+def test_episode_ending_after_the_run_closed_its_pools_is_quiet():
+    pools, made = fake_pools()
+    env = PlainEnv(sandbox="process", sandbox_pools=pools)
+
+    async def main():
+        await env.areset()
+        await pools.aclose()  # closes the episode's sandbox with the pool
+        await env.aclose()  # the release of a sandbox the pool already closed does nothing
+
+    asyncio.run(main())
+    assert made[0].closed and env.sandbox is None

@@ -369,3 +369,14 @@ def test_swebench_oracle_resolves_null_and_test_edits_do_not(swebench_instance: 
 def test_swebench_env_passes_check_env(swebench_instance: dict[str, Any]) -> None:
     check_env(SweBenchEnv(instances=[swebench_instance], sandbox="docker"),
               options={"task": swebench_instance})
+
+
+def test_swebench_sandbox_is_made_from_the_instance_image() -> None:
+    row = {"instance_id": "x__y-1", "base_commit": "0" * 40, "problem_statement": "p", "patch": "",
+           "test_patch": "", "FAIL_TO_PASS": "[]", "PASS_TO_PASS": "[]", "image": "img:one"}
+    env = SweBenchEnv(instances=[row, {**row, "instance_id": "x__y-2", "image": "img:two"}],
+                      sandbox="docker", sandbox_options={"docker_host": "unix:///run/d.sock"})
+    assert [env.sandbox_options_for(r) for r in env.instances] == [
+        {"docker_host": "unix:///run/d.sock", "image": "img:one"},
+        {"docker_host": "unix:///run/d.sock", "image": "img:two"},
+    ]

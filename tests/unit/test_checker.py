@@ -65,6 +65,41 @@ class NondeterministicEnv(GoodEnv):
         return {"n": random.random()}
 
 
+class UnseededTaskEnv(GoodEnv):
+    """Draws its task from global random; the prompt does not show it."""
+
+    def sample_task(self):
+        return {"n": random.random()}
+
+    def make_prompt(self, task):
+        return [{"role": "user", "content": "Say the hidden number."}]
+
+
+class AnswerEnv(GoodEnv):
+    """Reward 1 for saying the task's number; the oracle says it."""
+
+    played: list
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.played = []
+
+    def compute_reward(self, task, final, state):
+        return 1.0 if final["content"] == f"n={task['n']}" else 0.0
+
+    def task_set(self, split="test", limit=None):
+        return [{"id": f"t{i}", "n": 100 + i} for i in range(limit or 10)]
+
+    def oracle_action(self, task, history):
+        self.played.append(task.get("id"))
+        return f"n={task['n']}"
+
+
+class WrongOracleEnv(AnswerEnv):
+    def oracle_action(self, task, history):
+        return "n=-1"
+
+
 class BadRewardEnv(GoodEnv):
     def compute_reward(self, task, final, state):
         return "1"
@@ -111,7 +146,9 @@ class TupleResetEnv(GoodEnv):
     [
         (FourTupleEnv, "final answer", "got a tuple of 4"),
         (NondeterministicEnv, "determinism", "np_random"),
-        (BadRewardEnv, "final answer", "compute_reward must return a real number"),
+        (BadRewardEnv, "final answer", "BadRewardEnv.compute_reward returned str '1', not a number"),
+        (UnseededTaskEnv, "determinism", "reset(seed=0) gave different tasks"),
+        (WrongOracleEnv, "oracle", "the scripted oracle solved 0 of 5 episodes"),
         (BadPromptEnv, "reset", "role must be one of"),
         (EmptyPromptEnv, "reset", "non-empty list"),
         (NeverTruncatesEnv, "truncation", "max_turns"),
@@ -126,6 +163,17 @@ def test_broken_env_fails_naming_the_problem(env_cls, check, detail):
     message = str(excinfo.value)
     assert f"'{check}' failed" in message
     assert detail in message
+
+
+def test_oracle_plays_the_first_test_tasks():
+    env = AnswerEnv()
+    check_env(env)
+    assert env.played == ["t0", "t1", "t2", "t3", "t4"]
+
+
+def test_oracle_failure_names_the_failed_tasks():
+    with pytest.raises(EnvCheckError, match=r"t0: reward 0\.0 \(terminated after 1 turns"):
+        check_env(WrongOracleEnv())
 
 
 def test_not_a_tool_env():

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import gymnasium
+import numpy as np
 import pytest
 from gymnasium.error import ResetNeeded
+from gymnasium.utils.env_checker import data_equivalence
 
 from agentrl import EpisodeState, ToolEnv, tool
+from agentrl.env import StepTimings, as_reward
+from agentrl.errors import RewardError
 from agentrl.tools import ToolCall
 
 
@@ -79,8 +84,46 @@ def test_tool_call_returns_tool_message_and_continues():
     assert obs == [{"role": "tool", "name": "add", "content": "5"}]
     assert (reward, terminated, truncated) == (0.0, False, False)
     assert info["tool_calls"] == ["add"] and info["tool_errors"] == {}
-    assert info["tool_results"][0]["error"] is None
-    assert set(info["timings"]) == {"parse_s", "tools_s", "reward_s"}
+    assert info["tool_results"] == [{"name": "add", "error": None}]
+
+
+def test_step_timings_are_on_the_env_not_in_info():
+    env = EchoEnv()
+    env.reset(options={"task": {"target": 5}})
+    assert env.last_step_timings is None
+    _, _, _, _, info = env.step(call("add", a=2, b=3))
+    timings = env.last_step_timings
+    assert isinstance(timings, StepTimings) and len(timings.tool_calls_s) == 1
+    assert min(timings.parse_s, timings.tools_s, timings.reward_s, *timings.tool_calls_s) >= 0
+    assert not any("_s" in key for key in info)
+    assert not any("duration_s" in result for result in info["tool_results"])
+    env.step("It is 5.")
+    assert env.last_step_timings is not timings and env.last_step_timings.tool_calls_s == ()
+
+
+def test_identical_seeded_steps_return_equal_data():
+    env = EchoEnv()
+    runs = []
+    for _ in range(2):
+        env.reset(seed=4)
+        runs.append(env.step(call("add", a=2, b=3)))
+    assert data_equivalence(runs[0], runs[1], exact=True)
+
+
+def test_returned_data_is_never_shared_with_the_env():
+    env = EchoEnv()
+    task = {"target": 5, "meta": {"source": "hand"}}
+    obs_1, info_1 = env.reset(options={"task": task})
+    obs_2, info_2 = env.reset(options={"task": task})
+    assert info_1["task"] == info_2["task"] == task
+    assert info_1["task"] is not info_2["task"] and info_1["task"]["meta"] is not task["meta"]
+    assert info_1["tools"][0] is not info_2["tools"][0]
+    obs_2[1]["content"] = "changed by the caller"
+    info_2["tools"][0]["function"]["name"] = "changed"
+    step_obs, *_ = env.step(call("add", a=1, b=1))
+    step_obs[0]["content"] = "changed by the caller"
+    assert env.messages[1]["content"] == "Say 5" and env.messages[-1]["content"] == "2"
+    assert env.toolbox.schemas[0]["function"]["name"] == "add"
 
 
 def test_turn_without_tool_calls_terminates_and_is_scored():
@@ -241,3 +284,62 @@ def test_invalid_constructor_arguments():
 
 def test_is_a_gymnasium_env():
     assert isinstance(EchoEnv(), gymnasium.Env)
+
+
+class BoolRewardEnv(EchoEnv):
+    def compute_reward(self, task, final, state):
+        return str(task["target"]) in final["content"]
+
+
+class TextRewardEnv(EchoEnv):
+    def compute_reward(self, task, final, state):
+        return "1.0"
+
+
+def test_bool_reward_counts_as_one_or_zero():
+    env = BoolRewardEnv()
+    env.reset(options={"task": {"target": 5}})
+    right = env.step("It is 5.")[1]
+    env.reset(options={"task": {"target": 5}})
+    wrong = env.step("It is 6.")[1]
+    assert (right, wrong) == (1.0, 0.0) and type(right) is float
+
+
+def test_non_number_reward_raises_naming_the_env():
+    env = TextRewardEnv()
+    env.reset(options={"task": {"target": 5}})
+    with pytest.raises(RewardError, match=r"TextRewardEnv\.compute_reward returned str '1\.0', not a number"):
+        env.step("It is 5.")
+
+
+class _Scalar:
+    """Stands for a 0-d tensor: a number only through .item()."""
+
+    def item(self):
+        return 0.25
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(True, 1.0), (False, 0.0), (3, 3.0), (0.5, 0.5), (np.float32(0.5), 0.5), (np.bool_(True), 1.0),
+     (np.array(2.0), 2.0), (_Scalar(), 0.25)],
+)
+def test_as_reward_accepts_numbers(value, expected):
+    assert as_reward(value, "src") == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "detail"),
+    [("1", "not a number"), (None, "not a number"), ([1.0], "not a number"),
+     (np.array([1.0, 2.0]), "not a number"), (float("nan"), "not a finite number"),
+     (float("inf"), "not a finite number")],
+)
+def test_as_reward_rejects_non_numbers_naming_the_source(value, detail):
+    with pytest.raises(RewardError, match=f"^my_rm returned .*{detail}"):
+        as_reward(value, "my_rm")
+
+
+def test_step_timings_are_frozen():
+    timings = StepTimings(0.1, 0.2, 0.3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        timings.parse_s = 1.0  # type: ignore[misc]

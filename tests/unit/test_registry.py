@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import textwrap
+
 import gymnasium
 import pytest
 
 import agentrl
 from agentrl.env import registry
-from agentrl.errors import EnvRegistrationError, UnknownEnvError
+from agentrl.errors import EnvArgumentError, EnvRegistrationError, UnknownEnvError
 from agentrl_envs.calc import CalcEnv
 
 
@@ -90,3 +95,62 @@ def test_gymnasium_make_reaches_the_same_env():
 def test_gymnasium_module_syntax():
     env = gymnasium.make("agentrl_envs:agentrl/calc-v0")
     assert isinstance(env.unwrapped, CalcEnv)
+
+
+FRESH_IMPORT = textwrap.dedent("""
+    import json, sys
+    import agentrl
+    import gymnasium
+    ids = sorted(k for k in gymnasium.registry if k.startswith("agentrl/"))
+    env_modules = sorted(m for m in sys.modules if m.startswith("agentrl_envs."))
+    env = gymnasium.make("agentrl/calc-v0")
+    print(json.dumps({"ids": ids, "env_modules": env_modules,
+                      "made": type(env.unwrapped).__name__}))
+""")
+
+
+def test_import_agentrl_registers_builtins_with_gymnasium_lazily():
+    out = subprocess.run([sys.executable, "-c", FRESH_IMPORT], capture_output=True, text=True,
+                         check=True).stdout
+    result = json.loads(out)
+    assert result["ids"] == sorted(f"agentrl/{spec.id}" for spec in agentrl.list_envs())
+    assert result["env_modules"] == []  # registered by entry point: no env module imported
+    assert result["made"] == "CalcEnv"
+
+
+def test_unknown_constructor_argument_names_env_argument_and_accepted_ones():
+    with pytest.raises(EnvArgumentError) as excinfo:
+        agentrl.make_env("calc", max_turn=3)
+    message = str(excinfo.value)
+    assert "env 'calc-v0' (CalcEnv) got unknown argument(s) 'max_turn'" in message
+    assert "did you mean 'max_turns'?" in message
+    assert "accepts: compact, max_turns, render_mode, split, tool_call_format, tools" in message
+
+
+def test_missing_required_argument_is_named(clean_registry):
+    def build(*, data):
+        raise AssertionError("not reached")
+
+    agentrl.register_env("needs-data-v0", entry_point=build)
+    with pytest.raises(EnvArgumentError, match="env 'needs-data-v0' .* needs the argument"):
+        agentrl.make_env("needs-data-v0")
+
+
+class TypeErrorInsideEnv(CalcEnv):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        len(5)  # a bug in the constructor's own code
+
+
+def test_type_error_inside_the_constructor_is_not_rewritten(clean_registry):
+    agentrl.register_env("buggy-v0", entry_point=TypeErrorInsideEnv)
+    with pytest.raises(TypeError, match="has no len") as excinfo:
+        agentrl.make_env("buggy-v0", max_turns=2)
+    assert not isinstance(excinfo.value, EnvArgumentError)
+
+
+def test_make_env_records_the_gymnasium_spec():
+    env = agentrl.make_env("calc", max_turns=3)
+    assert env.spec.id == "agentrl/calc-v0" and env.spec.kwargs == {"max_turns": 3}
+    again = env.spec.make()
+    assert isinstance(again.unwrapped, CalcEnv) and again.unwrapped.max_turns == 3
