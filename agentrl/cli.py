@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from agentrl.env import check_env, env_spec, list_envs
+from agentrl.env import check_env, env_spec, import_env_module, list_envs
 from agentrl.errors import AgentRLError
 
 
@@ -26,6 +26,8 @@ def _parse_kwargs(pairs: Sequence[str]) -> dict[str, Any]:
 
 
 def _cmd_list_envs(args: argparse.Namespace) -> int:
+    for module in args.module:  # its register_env calls add the user's envs
+        import_env_module(module, context="from --module")
     rows = [("id", "description", "tools", "max turns")]
     for spec in list_envs():
         try:
@@ -53,25 +55,9 @@ def _cmd_check_env(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    import asyncio
+    from agentrl.eval.command import run_eval
 
-    from agentrl.eval.runner import evaluate, evaluate_model, format_table, write_outputs
-
-    common = {"split": args.split, "limit": args.limit, "n_samples": args.n_samples,
-              "concurrency": args.concurrency, "env_kwargs": _parse_kwargs(args.env_kwarg)}
-    if args.policy == "model":
-        result, records = asyncio.run(evaluate_model(
-            args.env, hf_checkpoint=args.hf_checkpoint, temperature=args.temperature,
-            max_response_len=args.max_response_len, max_context_len=args.max_context_len,
-            tool_call_format=args.tool_call_format, **common,
-        ))  # fmt: skip
-    else:
-        result, records = asyncio.run(evaluate(args.env, policy=args.policy, **common))
-    print(format_table(result))
-    if args.output:
-        episodes = write_outputs(args.output, result, records)
-        print(f"wrote {args.output} and {episodes}")
-    return 0
+    return run_eval(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("list-envs", help="list registered environments")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument(
+        "--module", action="append", default=[], metavar="MOD",
+        help="import MOD first so the envs it registers are listed too; repeatable",
+    )
     p.set_defaults(func=_cmd_list_envs)
 
     p = sub.add_parser("check-env", help="run check_env on a registered environment")
@@ -92,29 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_check_env)
 
-    p = sub.add_parser("eval", help="evaluate a policy on an environment's tasks")
-    p.add_argument("--env", required=True, help="env id: NAME, NAME-vN, or MODULE:NAME")
-    p.add_argument("--split", default="test", help="task split (default: test)")
-    p.add_argument("--limit", type=int, default=None, help="first N tasks of the split")
-    p.add_argument("--n-samples", type=int, default=1, help="episodes per task (pass@k)")
-    p.add_argument("--policy", default="oracle", choices=["oracle", "null", "model"],
-                   help="the env's scripted expert, a do-nothing policy, or a language model")
-    p.add_argument("--hf-checkpoint", default=None,
-                   help="--policy model: Hugging Face model directory (default: built-in tiny model)")
-    p.add_argument("--temperature", type=float, default=1.0, help="--policy model: sampling "
-                   "temperature (0: greedy)")
-    p.add_argument("--max-response-len", type=int, default=512,
-                   help="--policy model: new tokens per turn at most")
-    p.add_argument("--max-context-len", type=int, default=None,
-                   help="--policy model: prompt + response tokens (default: the model's)")
-    p.add_argument("--tool-call-format", default="hermes", help="--policy model: how the model "
-                   "writes tool calls")
-    p.add_argument("--concurrency", type=int, default=8, help="episodes played at once")
-    p.add_argument("--output", default=None, help="summary JSON path (episodes JSONL beside it)")
-    p.add_argument(
-        "--env-kwarg", action="append", default=[], metavar="KEY=VALUE",
-        help="constructor argument (VALUE parsed as JSON when possible); repeatable",
-    )
+    p = sub.add_parser("eval", help="evaluate a policy on an environment's tasks",
+                       description="Evaluate a policy on an env's tasks with train.py's rollout "
+                       "flags (see `agentrl eval --help`).")
+    from agentrl.eval.command import add_eval_arguments
+
+    add_eval_arguments(p)
     p.set_defaults(func=_cmd_eval)
     return parser
 

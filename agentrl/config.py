@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import types
 import typing
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from agentrl.errors import ConfigError
@@ -41,8 +42,14 @@ def _base_type(annotation: Any) -> Any:
     return annotation
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None = None) -> None:
-    """Adds one flag per field of dataclass ``cls`` (defaults are applied by ``from_namespace``)."""
+def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None = None, *,
+                  aliases: Mapping[str, Sequence[str]] | None = None) -> None:
+    """Adds one flag per field of dataclass ``cls`` (defaults are applied by ``from_namespace``).
+
+    ``aliases`` maps field names to extra, shorter flags of the same option (``agentrl eval``'s
+    ``--limit`` for ``--eval-max-prompts``).
+    """
+    aliases = aliases or {}
     group = parser.add_argument_group(title or cls.__name__)
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
@@ -57,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None 
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
         help_text = field.metadata.get("help", "")
         group.add_argument(
-            flag(field.name), dest=field.name, default=argparse.SUPPRESS,
+            flag(field.name), *aliases.get(field.name, ()), dest=field.name, default=argparse.SUPPRESS,
             help=f"{help_text} (default: {default!r})", **kwargs,
         )  # fmt: skip
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -42,7 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import train  # noqa: E402 - train.py's own loop
-from agentrl.eval.runner import evaluate_model  # noqa: E402
+from agentrl.eval.command import EvalConfig, evaluate  # noqa: E402
+from agentrl.rollout.config import RolloutConfig  # noqa: E402
 
 
 def run_train(flags: list[str]) -> float:
@@ -56,14 +58,17 @@ ENV_KWARGS = {"compact": True}
 
 
 def held_out_success(checkpoint: Path, tasks: int, samples: int) -> float:
-    result, _ = asyncio.run(evaluate_model(
-        "calc", hf_checkpoint=str(checkpoint), split="test", limit=tasks, n_samples=samples,
-        temperature=1.0, max_response_len=64, concurrency=64, env_kwargs=ENV_KWARGS))  # fmt: skip
-    return result.success_rate
+    config = RolloutConfig(env="calc", env_kwarg=[f"{k}={json.dumps(v)}" for k, v in ENV_KWARGS.items()],
+                           hf_checkpoint=str(checkpoint), eval_max_prompts=tasks,
+                           n_samples_per_eval_prompt=samples, rollout_temperature=1.0,
+                           rollout_max_response_len=64, rollout_concurrency=64)
+    summary, _ = asyncio.run(evaluate(config, EvalConfig(policy="model", split="test")))
+    return summary["sets"]["calc"]["success_rate"]
 
 
 def one_seed(seed: int, args: argparse.Namespace, out: Path) -> dict[str, float]:
     run = out / f"seed{seed}"
+    shutil.rmtree(run, ignore_errors=True)  # a rerun replaces this seed's earlier results
     env_flags = [f"--env-kwarg={key}={json.dumps(value)}" for key, value in ENV_KWARGS.items()]
     common = ["--env", "calc", *env_flags, "--max-turns", "3", "--rollout-max-response-len", "64", "--micro-batch-size", "8",
               "--rollout-seed", str(seed), "--seed", str(seed),

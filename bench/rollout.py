@@ -1,4 +1,4 @@
-"""Rollout throughput: concurrent episodes against the ideal critical path and the brief's loop,
+"""Rollout throughput: concurrent episodes against the ideal critical path and slime's loop,
 and the embedded engine against transformers' ``generate()``.
 
 (a) ``--episodes`` (64) episodes x 3 turns on the built-in tiny model (real sampling, 16 new
@@ -10,7 +10,7 @@ to it):
   ideal is what a perfect scheduler would need: for each turn, the engine generating all the
   episodes' requests as one concurrent batch (measured right after, on the very inputs the run
   produced, with nothing else running), plus the 100 ms tool. Target <= 1.15.
-* ``rollout_speedup_vs_sequential``: wall time of the brief's custom-generate loop (one sample
+* ``rollout_speedup_vs_sequential``: wall time of slime's custom-generate loop (one sample
   at a time: generate, tool, generate, ...; ``examples/custom_generate.py``) / the runner's.
 
 (b) ``engine_vs_hf_generate``: engine tokens/s at 16 concurrent requests / transformers
@@ -94,7 +94,7 @@ async def ideal_critical_path(engine: EmbeddedEngine, samples: list[Sample]) -> 
 
 
 async def sequential_run(ctx: RolloutContext, n: int) -> float:
-    """The brief's custom-generate loop over all samples, one at a time."""
+    """slime's custom-generate loop over all samples, one at a time."""
     fn = load_custom_generate(str(ROOT / "examples" / "custom_generate.py"))
     samples = [Sample(group_id=0, index=i, metadata={"task": {"i": i}}) for i in range(n)]
     started = time.perf_counter()

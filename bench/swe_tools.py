@@ -18,7 +18,15 @@ import argparse
 import asyncio
 import json
 
-from agentrl.eval.runner import evaluate
+from agentrl.eval.command import EvalConfig, evaluate
+from agentrl.rollout.config import RolloutConfig
+
+
+def play(episodes: int, concurrency: int) -> dict:
+    config = RolloutConfig(env="swe-tools", env_kwarg=["sandbox=bwrap"], eval_max_prompts=episodes,
+                           rollout_concurrency=concurrency)
+    summary, _ = asyncio.run(evaluate(config, EvalConfig(policy="oracle", split="test")))
+    return summary["sets"]["swe-tools"]
 
 
 def main() -> None:
@@ -26,15 +34,13 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=40)
     parser.add_argument("--concurrency", type=int, default=4)
     args = parser.parse_args()
-    evaluate_args = {"policy": "oracle", "split": "test", "limit": args.episodes,
-                     "concurrency": args.concurrency, "env_kwargs": {"sandbox": "bwrap"}}
-    asyncio.run(evaluate("swe-tools", **{**evaluate_args, "limit": 2}))  # warm-up, task cache
-    result, _ = asyncio.run(evaluate("swe-tools", **evaluate_args))
-    t = result.time_per_episode_s
+    play(2, args.concurrency)  # warm-up, task cache
+    result = play(args.episodes, args.concurrency)
+    t = result["time_per_episode_s"]
     in_tools = t["tools"] + t["grading"]
     share = max(0.0, t["total"] - in_tools) / t["total"]
-    eps = result.n_episodes / result.wall_s
-    print(f"{result.n_episodes} oracle episodes, success {result.success_rate:.3f}, "
+    eps = result["n_samples"] / result["wall_s"]
+    print(f"{result['n_samples']} oracle episodes, success {result['success_rate']:.3f}, "
           f"{eps:.2f} episodes/s at concurrency {args.concurrency}")
     print(f"per episode: total {t['total']:.3f} s = tools {t['tools']:.3f} + grading "
           f"{t['grading']:.3f} + framework {t['total'] - in_tools:.3f} (share {share:.3f})")

@@ -1,4 +1,5 @@
-# The brief's multi-turn custom generate function, unchanged but for the import line.
+# slime's multi-turn custom generate function as its documentation shows it, unchanged but for
+# the import line.
 # Run: python train.py --custom-generate-function-path examples/custom_generate.py \
 #          --max-turns 5 --env calc
 from agentrl.rollout.custom import compute_reward, execute_tool, extract_tool_call, generate_single

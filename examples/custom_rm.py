@@ -1,4 +1,4 @@
-"""The brief's custom reward model class, made runnable: a tiny "model" that scores a response
+"""slime's custom reward model class, made runnable: a tiny "model" that scores a response
 by whether it states the expected answer to the arithmetic question in the prompt.
 
 Run: python train.py --env calc --custom-rm-path examples/custom_rm.py --rm-model-path exact

@@ -1,6 +1,12 @@
-"""Evaluation metrics that do not depend on any environment."""
+"""Evaluation metrics: pass@k and the one summary of an evaluated set (:func:`summarize`)."""
 
 from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from agentrl.rollout.sample import Sample, Status
 
 SUCCESS_REWARD = 1.0 - 1e-9
 """A sample or episode succeeded when its reward reaches this (1.0 on binary-reward tasks, with
@@ -40,3 +46,73 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     for i in range(n - c + 1, n + 1):
         failure *= 1.0 - k / i
     return 1.0 - failure
+
+
+PASS_K = (1, 2, 4, 5, 8, 10, 16, 32, 64, 100, 128)
+"""The ``k`` of pass@k reported below the samples per prompt (``n`` itself is always added)."""
+
+
+def pass_k_values(n: int) -> list[int]:
+    """The ``k`` reported for ``n`` samples per prompt: :data:`PASS_K` up to ``n``, and ``n``."""
+    return sorted({k for k in PASS_K if k <= n} | ({n} if n >= 1 else set()))
+
+
+def summarize(groups: Sequence[Sequence[Sample]]) -> dict[str, Any]:
+    """The metrics of one evaluated set, the same for ``train.py``'s evaluation and
+    ``agentrl eval``.
+
+    Args:
+        groups: One list per prompt (task): its samples, sharing a group id.
+
+    Returns:
+        ``n_prompts``, ``n_samples``, ``success_rate`` (reward >= :data:`SUCCESS_REWARD`),
+        ``mean_reward``, ``pass@k`` for each ``k`` of :func:`pass_k_values` (``n`` = the fewest
+        samples any prompt has; the unbiased estimate, averaged over prompts), ``statuses``
+        (status -> count), ``failed`` (samples whose env, tool plumbing or policy crashed),
+        ``errors`` (the first line of each failure's reason -> count), ``mean_turns``,
+        ``mean_response_len`` (tokens), ``tool_calls``, ``tool_errors`` (kind -> count),
+        ``time_per_episode_s`` (``policy``, ``tools``, ``grading`` and ``total`` seconds per
+        episode; ``total`` from reset to the end, the rest inside it).
+    """
+    samples = [s for g in groups for s in g]
+    count = len(samples) or 1
+
+    def mean(values: Iterable[float]) -> float:
+        return sum(values) / count
+
+    def succeeded(sample: Sample) -> bool:
+        return sample.status is not Status.FAILED and (sample.reward or 0.0) >= SUCCESS_REWARD
+
+    errors: collections.Counter[str] = collections.Counter()
+    tool_errors: collections.Counter[str] = collections.Counter()
+    for sample in samples:
+        tool_errors.update(sample.metadata.get("tool_errors", {}))
+        if sample.status is Status.FAILED:
+            errors[str(sample.metadata.get("error", "unknown error")).splitlines()[0][:200]] += 1
+    assistant = [t for s in samples for t in s.turns if t.role == "assistant"]
+    out: dict[str, Any] = {
+        "n_prompts": len(groups),
+        "n_samples": len(samples),
+        "success_rate": mean(float(succeeded(s)) for s in samples),
+        "mean_reward": mean(s.reward or 0.0 for s in samples),
+    }
+    n = min((len(g) for g in groups), default=0)
+    for k in pass_k_values(n):
+        scores = [pass_at_k(len(g), sum(succeeded(s) for s in g), k) for g in groups]
+        out[f"pass@{k}"] = sum(scores) / len(scores)
+    out.update({
+        "statuses": dict(sorted(collections.Counter(s.status.value for s in samples).items())),
+        "failed": sum(s.status is Status.FAILED for s in samples),
+        "errors": dict(errors.most_common(5)),
+        "mean_turns": mean(s.metadata.get("turns", 0) for s in samples),
+        "mean_response_len": mean(s.response_length for s in samples),
+        "tool_calls": sum(len(t.tool_names) for t in assistant),
+        "tool_errors": dict(sorted(tool_errors.items())),
+        "time_per_episode_s": {
+            "policy": mean(t.generate_s for t in assistant),
+            "tools": mean(t.tools_s for t in assistant),
+            "grading": mean(t.reward_s for t in assistant),
+            "total": mean(s.metadata.get("episode_s", 0.0) for s in samples),
+        },
+    })
+    return out

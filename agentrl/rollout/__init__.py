@@ -6,13 +6,16 @@ The stages, in data-flow order:
   ``RolloutDataSourceWithBuffer``): JSONL/Parquet files or an env's task set.
 * :mod:`~agentrl.rollout.engine` - the engine contract (SGLang-shaped) and the embedded torch
   engine.
-* :mod:`~agentrl.rollout.episode` / :mod:`~agentrl.rollout.trajectory` - one episode,
+* :mod:`~agentrl.rollout.episode` / :mod:`~agentrl.rollout.trajectory` - the one episode loop
+  (its turns from the engine, a scripted policy, or a custom generate function),
   token-in/token-out: prompt ids, sampled ids (loss mask 1), env deltas (loss mask 0).
 * :mod:`~agentrl.rollout.custom` - ``--custom-generate-function-path`` and its helpers.
 * :mod:`~agentrl.rollout.rewards` / :mod:`~agentrl.rollout.filters` - custom reward models and
   dynamic-sampling filters.
 * :mod:`~agentrl.rollout.runner` - groups, dynamic sampling and partial rollout.
-* :mod:`~agentrl.rollout.evaluation` - eval sets, pass@k.
+* :mod:`~agentrl.rollout.build` - the env factory, engine and context of a run, from its config.
+
+Evaluation (eval sets, pass@k) plays through the same runner: :mod:`agentrl.eval`.
 
 Imports neither Ray, Megatron nor SGLang; torch and transformers load only with the names that
 need them (the engine, the episode runner).
@@ -30,6 +33,9 @@ from agentrl.rollout.sample import Sample, Status, Turn
 _LAZY = {
     "EmbeddedEngine": "agentrl.rollout.engine.embedded",
     "Episode": "agentrl.rollout.episode",
+    "EngineTurns": "agentrl.rollout.episode",
+    "ScriptedTurns": "agentrl.rollout.episode",
+    "TurnSource": "agentrl.rollout.episode",
     "RolloutContext": "agentrl.rollout.episode",
     "RolloutBatch": "agentrl.rollout.runner",
     "RolloutRunner": "agentrl.rollout.runner",
@@ -42,15 +48,13 @@ _LAZY = {
     "aexecute_tool": "agentrl.rollout.custom",
     "compute_reward": "agentrl.rollout.custom",
     "acompute_reward": "agentrl.rollout.custom",
+    "env_factory": "agentrl.rollout.build",
     "make_rollout_context": "agentrl.rollout.build",
     "load_policy_engine": "agentrl.rollout.build",
-    "run_evaluation": "agentrl.rollout.evaluation",
 }
 
-__all__ = [
-    "Engine", "GenerateOutput", "RolloutConfig", "Sample", "SamplingParams", "Status", "Turn",
-    *sorted(_LAZY),
-]  # fmt: skip
+__all__ = ["Engine", "GenerateOutput", "RolloutConfig", "Sample", "SamplingParams", "Status",
+           "Turn", *sorted(_LAZY)]
 
 
 def __getattr__(name: str) -> Any:

@@ -9,10 +9,12 @@ import json
 import queue
 import random
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from agentrl.env.messages import message_problem
 
 CHUNK_ROWS = 64  # rows per prefetch job: large enough to amortise the hand-off between threads
 
@@ -37,21 +39,6 @@ class Item:
     line: int
     position: int  # rows of the epoch's order consumed once this one is
     offset: int  # JSONL byte offset / Parquet row after this row (unshuffled streaming only)
-
-
-def message_problem(message: Any) -> str | None:
-    if not isinstance(message, Mapping):
-        return f"must be a message object, got {type(message).__name__}"
-    if not isinstance(message.get("role"), str) or not message["role"]:
-        return "has no 'role' (str)"
-    if "content" not in message:
-        return "has no 'content'"
-    content = message["content"]
-    if content is None and not message.get("tool_calls"):
-        return "has content null and no tool_calls"
-    if content is not None and not isinstance(content, str | list):
-        return f"content must be a string or a list of parts, got {type(content).__name__}"
-    return None
 
 
 def shuffle_buffer(items: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
@@ -154,7 +141,7 @@ class RowParser:
             if not prompt:
                 return f"{key!r} is an empty message list; give at least one message"
             for i, message in enumerate(prompt):
-                problem = message_problem(message)
+                problem = message_problem(message, strict=False)
                 if problem is not None:
                     return (f"{key}[{i}] {problem}; each message needs 'role' and 'content', "
                             'e.g. {"role": "user", "content": "..."}')

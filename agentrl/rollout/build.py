@@ -1,93 +1,121 @@
-"""Putting a rollout together from flags: the policy engine, the chat renderer, the context."""
+"""Putting a rollout together from its config: the env factory, the policy engine, the chat
+renderer and the context every episode shares."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Mapping
 from typing import Any
 
 from agentrl.chat import ChatRenderer
-from agentrl.env import make_env
+from agentrl.env.factory import EnvFactory
 from agentrl.errors import ConfigError
+from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.engine.base import Engine, SamplingParams
-from agentrl.rollout.episode import RolloutContext
+from agentrl.rollout.episode import RolloutContext, TurnSource
 
-__all__ = ["load_policy_engine", "make_rollout_context", "sampling_from_args"]
+__all__ = [
+    "env_factory",
+    "eval_context",
+    "load_policy_engine",
+    "make_rollout_context",
+    "resolve",
+    "sampling_from_config",
+    "scripted_context",
+]
 
 
-def load_policy_engine(args: Any, **engine_kwargs: Any) -> Any:
+def env_factory(config: RolloutConfig) -> EnvFactory | None:
+    """The run's env factory (``None`` without ``--env``): built once, used by the data source,
+    the episodes and the evaluation.
+
+    Raises:
+        UnknownEnvError: ``--env`` names no registered env.
+    """
+    if config.env is None:
+        return None
+    return EnvFactory(config.env, env_kwargs=config.env_kwargs, max_turns=config.max_turns,
+                      tool_call_format=config.tool_call_format)
+
+
+def resolve(config: RolloutConfig, envs: EnvFactory | None) -> RolloutConfig:
+    """``config`` with ``max_turns`` resolved: ``--max-turns``, else the env's own turn limit,
+    else 1 (single-turn prompts). A new object; ``config`` itself is not changed."""
+    if config.max_turns is not None:
+        return config
+    return dataclasses.replace(config, max_turns=envs.info.max_turns if envs is not None else 1)
+
+
+def load_policy_engine(config: RolloutConfig, **engine_kwargs: Any) -> Any:
     """The embedded engine serving ``--hf-checkpoint`` (default: the built-in tiny model)."""
     from agentrl.rollout.engine.embedded import EmbeddedEngine
 
-    path = getattr(args, "hf_checkpoint", None)
+    path = config.hf_checkpoint
     if path is None:
         from agentrl.models import build_tiny_model
 
         path = build_tiny_model()
-    return EmbeddedEngine.from_pretrained(str(path), seed=getattr(args, "rollout_seed", 0),
-                                          **engine_kwargs)  # fmt: skip
+    return EmbeddedEngine.from_pretrained(str(path), seed=config.rollout_seed, **engine_kwargs)
 
 
-def sampling_from_args(args: Any, renderer: ChatRenderer, *, evaluation: bool = False) -> SamplingParams:
-    """A turn's sampling parameters; the chat template's end-of-turn token always stops a turn."""
-    temperature = args.rollout_temperature
-    if evaluation and getattr(args, "eval_temperature", None) is not None:
-        temperature = args.eval_temperature
-    end_of_turn = renderer.encode(renderer.end_of_turn)
+def sampling_from_config(config: RolloutConfig, renderer: ChatRenderer | None, *,
+                         evaluation: bool = False) -> SamplingParams:
+    """A turn's sampling parameters; the chat template's end-of-turn token always stops a turn
+    (``--eval-temperature`` replaces the temperature of eval rollouts when given)."""
+    temperature = config.rollout_temperature
+    if evaluation and config.eval_temperature is not None:
+        temperature = config.eval_temperature
+    end_of_turn = renderer.encode(renderer.end_of_turn) if renderer is not None else []
     return SamplingParams(
-        max_new_tokens=args.rollout_max_response_len, temperature=temperature,
-        top_p=args.rollout_top_p, top_k=args.rollout_top_k, stop=tuple(args.rollout_stop),
-        stop_token_ids=tuple(dict.fromkeys([*end_of_turn, *args.rollout_stop_token_ids])),
-    )  # fmt: skip
+        max_new_tokens=config.rollout_max_response_len, temperature=temperature,
+        top_p=config.rollout_top_p, top_k=config.rollout_top_k, stop=tuple(config.rollout_stop),
+        stop_token_ids=tuple(dict.fromkeys([*end_of_turn, *config.rollout_stop_token_ids])),
+    )
 
 
-def make_rollout_context(
-    args: Any, engine: Engine, tokenizer: Any, env_kwargs: Mapping[str, Any] | None = None
-) -> RolloutContext:
-    """The shared context of a run's episodes.
+def make_rollout_context(config: RolloutConfig, engine: Engine, envs: EnvFactory | None
+                         ) -> RolloutContext:
+    """The shared context of a run's episodes, played by ``engine``.
 
-    The env is made with ``--env-kwarg`` pairs (``args.env_kwargs``), then ``env_kwargs``.
-    Resolves ``--max-turns`` (the env's default when not given) onto ``args``, so plug-ins such
-    as the brief's custom generate loop can read ``args.max_turns``; checks the chat template is
-    token-exact with the env's tools (``ChatRenderer.self_check``).
+    Checks that the chat template is token-exact with the env's tools
+    (``ChatRenderer.self_check``) and that the context length fits the engine.
 
     Raises:
-        ConfigError: A flag value does not fit the model (context length).
+        ConfigError: The model has no tokenizer, or a flag value does not fit it (context).
         ChatTemplateError: The template is not prefix-stable or the tool-call format cannot read
             what it writes.
     """
+    tokenizer = engine.tokenizer
     if tokenizer is None:
         raise ConfigError("--hf-checkpoint: the model directory has no tokenizer files")
-    renderer = ChatRenderer(tokenizer, args.tool_call_format)
-    factory = None
-    tools = None
-    if args.env is not None:
-        kwargs = {**dict(getattr(args, "env_kwargs", None) or {}), **dict(env_kwargs or {}),
-                  "tool_call_format": args.tool_call_format}  # fmt: skip
-        if args.max_turns is not None:
-            kwargs["max_turns"] = args.max_turns
-        factory = functools.partial(make_env, args.env, **kwargs)
-        probe = factory()
-        tools = probe.toolbox.schemas or None
-        if args.max_turns is None:
-            args.max_turns = probe.max_turns
-        probe.close()
-    elif args.max_turns is None:
-        args.max_turns = 1
-    renderer.self_check(tools)
-    engine_limit = getattr(engine, "max_context_len", None)
-    limit = args.rollout_max_context_len or engine_limit
+    config = resolve(config, envs)
+    renderer = ChatRenderer(tokenizer, config.tool_call_format)
+    renderer.self_check(list(envs.info.tool_schemas) or None if envs is not None else None)
+    engine_limit = engine.max_context_len
+    limit = config.rollout_max_context_len or engine_limit
     if limit is None:
         raise ConfigError("--rollout-max-context-len is required: the engine reports no limit")
     if engine_limit is not None and limit > engine_limit:
         raise ConfigError(f"--rollout-max-context-len {limit} exceeds the model's context "
                           f"length {engine_limit}: lower it")
-    return RolloutContext(args, engine, renderer, sampling_from_args(args, renderer), limit, factory,
-                          seed=args.rollout_seed)  # fmt: skip
+    return RolloutContext(config, engine, renderer, sampling_from_config(config, renderer), limit, envs)
+
+
+def scripted_context(config: RolloutConfig, turns: TurnSource, envs: EnvFactory) -> RolloutContext:
+    """A context whose turns come from a scripted policy and keep no tokens (no model)."""
+    config = resolve(config, envs)
+    limit = config.rollout_max_context_len or 1 << 30
+    return RolloutContext(config, None, None, sampling_from_config(config, None), limit, envs,
+                          turns=turns)
 
 
 def eval_context(ctx: RolloutContext) -> RolloutContext:
-    """``ctx`` with the eval sampling temperature (it shares the engine and stop flag)."""
-    sampling = sampling_from_args(ctx.args, ctx.renderer, evaluation=True)
-    return dataclasses.replace(ctx, sampling=sampling)
+    """``ctx`` for eval rollouts: the eval temperature, the same engine and stop flag."""
+    if ctx.engine is None or ctx.renderer is None:
+        return ctx
+    sampling = sampling_from_config(ctx.config, ctx.renderer, evaluation=True)
+    turns = ctx.turns
+    from agentrl.rollout.episode import EngineTurns
+
+    if isinstance(turns, EngineTurns):
+        turns = EngineTurns(ctx.engine, sampling, ctx.config.rollout_seed)
+    return dataclasses.replace(ctx, sampling=sampling, turns=turns)

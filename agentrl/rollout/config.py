@@ -1,5 +1,5 @@
-"""``RolloutConfig``: every rollout flag, typed, with its meaning (see
-``/reference/rl-semantics.md`` for the RL semantics these follow)."""
+"""``RolloutConfig``: every rollout flag, typed, with its meaning (``docs/rl-semantics.md``
+says what the RL flags do)."""
 
 from __future__ import annotations
 
@@ -70,9 +70,13 @@ class RolloutConfig:
     input_key: str = option("prompt", "row key of the prompt (text or chat messages)")
     label_key: str = option("label", "row key of the ground truth")
     metadata_key: str = option("metadata", "row key of a dict merged into sample.metadata")
+    tool_key: str | None = option(None, "row key of a list of OpenAI-style tool schemas shown "
+                                  "to the model with that row's prompt")
     rollout_shuffle: bool = option(False, "shuffle prompts each epoch (seeded)")
     rollout_seed: int = option(42, "seed of shuffling and sampling")
     streaming_data: bool = option(False, "read --prompt-data lazily (large files)")
+    shuffle_buffer_size: int = option(10000, "rows held by the approximate shuffle of "
+                                      "--streaming-data with --rollout-shuffle")
     num_data_workers: int = option(1, "threads parsing rows ahead when streaming")
     data_source_path: str | None = option(None, "a RolloutDataSource subclass to use instead")
     buffer_filter_path: str | None = option(None, "buffer_filter(args, buffer, num_samples)")
@@ -133,7 +137,7 @@ class RolloutConfig:
 
     def validate(self) -> None:
         """Raises ConfigError naming the first invalid flag and what to change."""
-        positive = ["rollout_batch_size", "n_samples_per_prompt", "num_data_workers",
+        positive = ["rollout_batch_size", "n_samples_per_prompt", "num_data_workers", "shuffle_buffer_size",
                     "rollout_concurrency", "rollout_max_response_len", "n_samples_per_eval_prompt"]
         for name in positive:
             if getattr(self, name) < 1:
@@ -207,8 +211,3 @@ class RolloutConfig:
             except ValueError:
                 kwargs[key] = value
         return kwargs
-
-    @property
-    def max_groups(self) -> int:
-        """Groups sampled at most per rollout under dynamic sampling."""
-        return self.dynamic_sampling_max_groups or 8 * self.rollout_batch_size

@@ -1,6 +1,6 @@
 """Custom generate functions (``--custom-generate-function-path``) and their helpers.
 
-The brief's multi-turn loop runs as written once the helpers are imported, with
+slime's multi-turn loop runs as written once the helpers are imported, with
 ``from agentrl.rollout.custom import compute_reward, execute_tool, extract_tool_call,
 generate_single`` (``examples/custom_generate.py`` is that loop, verbatim).
 
@@ -12,10 +12,11 @@ and, on the next call, appends the messages the loop added since as the chat-tem
 never re-tokenized.
 
 Each call of ``custom_generate`` runs in a worker thread with its own event loop, so the sync
-helpers (``execute_tool``, ``compute_reward``, as the brief calls them) block only that call,
-never the rollout. The env (``--env``) gives the tools and the reward: one per sample, reset
-with the sample's task before the call (its first observation is the prompt when the sample has
-none) and closed when the call returns.
+helpers (``execute_tool``, ``compute_reward``, as slime's loop calls them) block only that call,
+never the rollout. Each sample is an :class:`~agentrl.rollout.episode.Episode` that the loop
+drives step by step; with ``--env`` its env gives the tools and the reward: reset with the
+sample's task before the call (its first observation becomes ``sample.prompt``, the
+conversation the loop grows) and closed when the call returns.
 """
 
 from __future__ import annotations
@@ -24,19 +25,17 @@ import asyncio
 import concurrent.futures
 import contextvars
 import dataclasses
-import inspect
 import time
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
-from agentrl.env import ToolEnv
+from agentrl.env import as_reward
 from agentrl.errors import PluginError, ToolCallParseError
 from agentrl.plugins import load_plugin
 from agentrl.rollout.engine.base import SamplingParams
-from agentrl.rollout.episode import RESPONSE_ROOM, RolloutContext, prompt_messages
-from agentrl.rollout.rewards import apply_custom_rewards, as_reward
+from agentrl.rollout.episode import EngineTurns, Episode, RolloutContext
+from agentrl.rollout.rewards import apply_custom_rewards, maybe_await
 from agentrl.rollout.sample import Sample, Status
-from agentrl.rollout.trajectory import Trajectory
 from agentrl.tools.calls import ToolCall
 
 __all__ = [
@@ -56,17 +55,18 @@ _FLAG = "--custom-generate-function-path"
 
 @dataclasses.dataclass
 class _SampleState:
-    """Token bookkeeping of one sample inside a custom generate call."""
+    """One sample's :class:`Episode`, driven by the user's loop, and what the loop did to its
+    conversation since the last generated turn."""
 
-    sample: Sample
+    episode: Episode
     conversation: list[dict[str, Any]]
-    trajectory: Trajectory
-    tools: list[dict[str, Any]] | None
-    env: ToolEnv | None = None
     messages_seen: int = 0
     pending_response: str | None = None
-    turns: int = 0
     last_finish: str | None = None
+
+    @property
+    def sample(self) -> Sample:
+        return self.episode.sample
 
 
 @dataclasses.dataclass
@@ -124,7 +124,7 @@ def _blocking(call: _Call, coroutine: Coroutine[Any, Any, T]) -> T:
 async def generate_single(
     conversation: list[dict[str, Any]], sample: Sample | None = None,
     sampling_params: SamplingParams | Mapping[str, Any] | None = None,
-) -> str:  # fmt: skip
+) -> str:
     """Generates the next assistant turn of ``conversation`` and returns its text.
 
     Messages appended to ``conversation`` since the last call (the assistant message holding the
@@ -142,7 +142,7 @@ async def generate_single(
     """
     call = _call()
     state = _state(call, conversation, sample)
-    trajectory = state.trajectory
+    episode = state.episode
     new = list(conversation[state.messages_seen :])
     if state.pending_response is not None:
         if not new or new[0].get("role") != "assistant":
@@ -151,11 +151,8 @@ async def generate_single(
         history = [*conversation[: state.messages_seen], new[0]]
         env_messages = new[1:]
         if env_messages:
-            room = min(RESPONSE_ROOM, call.ctx.sampling.max_new_tokens)
-            appended, fits = trajectory.append_env(history, env_messages, state.tools,
-                                                   min_generation_room=room)  # fmt: skip
-            if not fits:
-                _set_status(state, Status.TRUNCATED, "context")
+            appended = episode.append_env(history, env_messages)
+            if appended is None:
                 return ""
             for i, message in enumerate(appended):  # what the model saw, if tool output was cut
                 conversation[state.messages_seen + 1 + i] = message
@@ -165,27 +162,20 @@ async def generate_single(
         raise ValueError("generate_single: messages were added before the first response; put "
                          "them in the prompt")
     call.last = state
-    if call.ctx.stopping.is_set():
-        _set_status(state, Status.ABORTED, "abort")
+    if episode.done:
         return ""
-    params = call.ctx.sampling
+    turns = episode.source
     if sampling_params is not None:
         overrides = sampling_params if isinstance(sampling_params, Mapping) else dataclasses.asdict(sampling_params)
-        params = params.replace(**overrides)
-    rid = f"{call.rid}-s{state.sample.index}-t{state.turns}"
-    out = await _on_rollout_loop(call, trajectory.generate(call.ctx.engine, params, rid,
-                                                           seed=call.ctx.seed))  # fmt: skip
+        assert call.ctx.engine is not None
+        turns = EngineTurns(call.ctx.engine, call.ctx.sampling.replace(**overrides),
+                            call.ctx.config.rollout_seed)
+    out = await _on_rollout_loop(call, episode.next_turn(turns))
     if out is None:
-        _set_status(state, Status.TRUNCATED, "context")
         return ""
-    state.turns += 1
     state.last_finish = out.finish_reason
-    if out.finish_reason == "abort":
-        _set_status(state, Status.ABORTED, "abort")
-        return ""
-    response = trajectory.last_turn_text()
-    state.pending_response = response
-    return response
+    state.pending_response = episode.last_text
+    return episode.last_text
 
 
 def extract_tool_call(response: str) -> dict[str, Any] | None:
@@ -218,7 +208,7 @@ async def aexecute_tool(tool_call: Mapping[str, Any], sample: Sample | None = No
 
 
 def execute_tool(tool_call: Mapping[str, Any], sample: Sample | None = None) -> str:
-    """Sync form of :func:`aexecute_tool` (as the brief calls it)."""
+    """Sync form of :func:`aexecute_tool` (as slime's loop calls it)."""
     call = _call()
     return _blocking(call, _run_tool(call, _only_state(call, sample), tool_call))
 
@@ -226,7 +216,7 @@ def execute_tool(tool_call: Mapping[str, Any], sample: Sample | None = None) -> 
 async def _run_tool(call: _Call, state: _SampleState, tool_call: Mapping[str, Any]) -> str:
     if tool_call.get("name") == "(unparsed)":
         return f"Error (parse_error): {tool_call.get('error', 'the tool call could not be parsed')}"
-    env = state.env
+    env = state.episode.env
     if env is None:
         raise PluginError(f"{_FLAG}: execute_tool needs tools: pass --env ID (its tools run)")
     started = time.perf_counter()
@@ -249,7 +239,7 @@ async def acompute_reward(sample: Sample) -> float:
 
 
 def compute_reward(sample: Sample) -> float:
-    """Sync form of :func:`acompute_reward` (as the brief calls it)."""
+    """Sync form of :func:`acompute_reward` (as slime's loop calls it)."""
     call = _call()
     return _blocking(call, _reward(call, sample))
 
@@ -257,19 +247,18 @@ def compute_reward(sample: Sample) -> float:
 async def _reward(call: _Call, sample: Sample) -> float:
     state = _only_state(call, sample)
     _finalize(state)
-    if sample.metadata.get("custom_rm_path") or getattr(call.ctx.args, "custom_rm_path", None):
-        await apply_custom_rewards([sample], call.ctx.args)
+    if sample.metadata.get("custom_rm_path") or call.ctx.config.custom_rm_path:
+        await apply_custom_rewards([sample], call.ctx.config)
         return sample.reward if sample.reward is not None else 0.0
-    env = state.env
+    env = state.episode.env
     if env is None or env.state is None:
         raise PluginError(f"{_FLAG}: compute_reward needs --env or --custom-rm-path")
     if sample.status is not Status.COMPLETED:
         return 0.0
     final = {"role": "assistant", "content": state.pending_response or ""}
     started = time.perf_counter()
-    value = env.compute_reward(env.state.task, final, env.state)
-    reward = as_reward(await value if inspect.isawaitable(value) else value,
-                       f"{type(env).__name__}.compute_reward")  # fmt: skip
+    value = await maybe_await(env.compute_reward(env.state.task, final, env.state))
+    reward = as_reward(value, f"{type(env).__name__}.compute_reward")
     if sample.turns:
         sample.turns[-1].reward_s += time.perf_counter() - started
     return reward
@@ -284,30 +273,24 @@ def _only_state(call: _Call, sample: Sample | None) -> _SampleState:
     return call.last
 
 
-def _set_status(state: _SampleState, status: Status, finish: str) -> None:
-    state.sample.status = status
-    state.sample.metadata["finish"] = finish
-
-
 def _finalize(state: _SampleState) -> None:
-    """Sets status and response text from what happened, unless already decided."""
-    sample = state.sample
-    if sample.status is Status.PENDING:
-        if state.last_finish == "length":
-            _set_status(state, Status.TRUNCATED, "length")
-        elif len(state.conversation) > state.messages_seen + 1:
-            # the loop ran out of turns: tool results after the last response, never answered
-            _set_status(state, Status.TRUNCATED, "max_turns")
-        else:
-            _set_status(state, Status.COMPLETED, "stop")
-    sample.metadata["turns"] = state.turns
-    tokenizer = state.trajectory.renderer.tokenizer
-    if sample.response_length:
-        sample.response = tokenizer.decode(sample.tokens[sample.prompt_length :], skip_special_tokens=True)
+    """Ends the episode from what the loop did, unless it already ended (context, abort)."""
+    episode = state.episode
+    if episode.done or episode.sample.status is Status.ABORTED:
+        return
+    if state.last_finish == "length":
+        episode.finish(Status.TRUNCATED, "length")
+    elif len(state.conversation) > state.messages_seen + 1:
+        # the loop ran out of turns: tool results after the last response, never answered
+        episode.finish(Status.TRUNCATED, "max_turns")
+    else:
+        episode.finish(Status.COMPLETED, "stop")
 
 
 def load_custom_generate(spec: str) -> Any:
     """Loads and checks ``async def custom_generate(args, samples, evaluation=False)``."""
+    import inspect
+
     fn = load_plugin(spec, flag=_FLAG, default_name="custom_generate")
     if not inspect.iscoroutinefunction(fn):
         raise PluginError(f"{_FLAG} {spec!r}: {getattr(fn, '__name__', fn)!r} must be "
@@ -322,34 +305,28 @@ def load_custom_generate(spec: str) -> Any:
 async def run_custom_generate(
     fn: Any, ctx: RolloutContext, samples: Sequence[Sample], rid: str, *,
     evaluation: bool = False,
-) -> list[Sample]:  # fmt: skip
+) -> list[Sample]:
     """Runs ``fn(args, samples, evaluation)`` in a worker thread with its own event loop.
 
-    Prepares each sample (prompt as chat messages, prompt token ids), then finalizes it
-    (status, response text, custom reward when the function set none). A crash of the function
-    fails all its samples with the reason.
+    Starts each sample's :class:`Episode` first (env reset with its task, the prompt as chat
+    messages in ``sample.prompt``, prompt token ids), then ends it (status, response text,
+    custom reward when the function set none). A crash of the function fails all its samples
+    with the reason.
     """
     loop = asyncio.get_running_loop()
     states: dict[int, _SampleState] = {}
     for sample in samples:
-        env, tools, messages = None, None, None
-        if ctx.env_factory is not None:  # the episode's env: its tools, reward, maybe prompt
-            env = ctx.env_factory()
-            meta = sample.metadata
-            observation, info = await env.areset(
-                seed=meta.get("seed"), options={"task": meta["task"]} if "task" in meta else None)
-            tools = list(info["tools"]) or None
-            if not sample.prompt:
-                messages = [dict(m) for m in observation]
-        messages = messages or prompt_messages(sample.prompt)
-        sample.prompt = messages
-        sample.tokens = ctx.renderer.prompt_ids(messages, tools)
-        sample.response_length = 0
-        sample.loss_mask, sample.rollout_log_probs, sample.turns = [], [], []
         sample.status, sample.reward = Status.PENDING, None
-        trajectory = Trajectory(sample, ctx.renderer, ctx.max_context_len)
-        states[id(messages)] = _SampleState(sample, messages, trajectory, tools, env,
-                                            messages_seen=len(messages))  # fmt: skip
+        episode = Episode(ctx, sample, f"{rid}-s{sample.index}", record_messages=evaluation)
+        try:
+            await episode.start()
+        except Exception as exc:  # noqa: BLE001 - an env that cannot reset fails its sample
+            episode.fail(exc)
+            await episode.close()
+            continue
+        sample.prompt = episode.history  # the loop's conversation: the list it grows
+        states[id(episode.history)] = _SampleState(episode, episode.history,
+                                                   messages_seen=len(episode.history))
     call = _Call(ctx, loop, states, rid, evaluation)
 
     def worker() -> list[Sample]:
@@ -364,21 +341,18 @@ async def run_custom_generate(
             raise PluginError(f"{_FLAG}: custom_generate must return the list of samples")
     except Exception as exc:  # noqa: BLE001 - a crashing user function fails its samples
         for state in states.values():
-            _set_status(state, Status.FAILED, "error")
-            state.sample.reward = 0.0
-            state.sample.metadata["error"] = f"custom_generate: {type(exc).__name__}: {exc}"
+            state.episode.fail(PluginError(f"custom_generate: {type(exc).__name__}: {exc}"))
         result = list(samples)
     finally:
         executor.shutdown(wait=False)
         for state in states.values():
-            if state.env is not None:
-                await state.env.aclose()
+            await state.episode.close()
     for state in states.values():
         if state.sample.status is not Status.FAILED:
             _finalize(state)
     unscored = [s for s in result if s.reward is None and s.status is not Status.FAILED]
-    await apply_custom_rewards(unscored, ctx.args)
-    for sample in unscored:
+    await apply_custom_rewards(unscored, ctx.config)
+    for sample in result:
         if sample.reward is None:
             sample.reward = 0.0
     return result

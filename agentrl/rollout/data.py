@@ -34,19 +34,20 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from agentrl.env.registry import make_env
-from agentrl.errors import AgentRLError, ConfigError, DataError, PluginError
+from agentrl.env.factory import EnvFactory
+from agentrl.env.messages import message_problem
+from agentrl.errors import ConfigError, DataError, PluginError
 from agentrl.plugins import load_plugin
 from agentrl.rollout._rows import (
     Item,
     Record,
     RowParser,
     inline,
-    message_problem,
     prefetched,
     read_rows,
     shuffle_buffer,
 )
+from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.sample import Sample
 
 __all__ = [
@@ -82,16 +83,25 @@ def _epoch_rng(seed: int, epoch: int) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
-def _env_seed(seed: int, k: int) -> int:
-    # Hashed rather than seed + k so training seeds do not coincide with eval seeds 0..N.
-    digest = hashlib.sha256(f"agentrl-env-seed:{seed}:{k}".encode()).digest()
-    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+def env_seed(seed: int, split: str, k: int) -> int:
+    """The ``k``-th env seed of ``split`` in a run seeded with ``seed``.
+
+    Hashed, so runs with different ``--rollout-seed`` see different seeds; the lowest bit is
+    the split's (0 for ``train``, 1 for any other), so training seeds never equal eval seeds.
+    """
+    digest = hashlib.sha256(f"agentrl-env-seed:{seed}:{split}:{k}".encode()).digest()
+    return (int.from_bytes(digest[:4], "big") & 0x7FFFFFFE) | (split != "train")
 
 
-def _arg(args: Any, name: str, default: Any) -> Any:
-    """``args.name``, or ``default`` when it is missing or ``None`` (partial namespaces)."""
-    value = getattr(args, name, None)
-    return default if value is None else value
+def as_rollout_config(args: Any) -> RolloutConfig:
+    """``args`` as a :class:`RolloutConfig`: itself, or built from the attributes of a
+    namespace that name config fields (the rest take the config's defaults; not validated,
+    as plug-in namespaces may hold only what a data source needs)."""
+    if isinstance(args, RolloutConfig):
+        return args
+    names = {f.name for f in dataclasses.fields(RolloutConfig)}
+    values = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    return RolloutConfig(**values)
 
 
 def _check_count(num_samples: Any) -> None:
@@ -103,38 +113,44 @@ class RolloutDataSource:
     """Prompts as groups of fresh samples, from ``--prompt-data`` or the ``--env`` task set.
 
     Args:
-        args: A namespace (``argparse.Namespace`` or a config dataclass) read with defaults:
-            ``prompt_data``, ``input_key="prompt"``, ``label_key="label"``,
-            ``metadata_key="metadata"``, ``tool_key=None``, ``rollout_shuffle=False``,
-            ``rollout_seed=42``, ``n_samples_per_prompt=1``, ``streaming_data=False``,
-            ``num_data_workers=1``, ``env=None``, ``env_split="train"``,
-            ``shuffle_buffer_size=10000`` (a missing or ``None`` attribute takes the default).
+        args: The rollout config (``prompt_data``, ``input_key``, ``label_key``,
+            ``metadata_key``, ``tool_key``, ``rollout_shuffle``, ``rollout_seed``,
+            ``n_samples_per_prompt``, ``streaming_data``, ``shuffle_buffer_size``,
+            ``num_data_workers``, ``env``). A namespace with some of those attributes is also
+            accepted (plug-in code written for slime): the others take the config's defaults.
             ``num_data_workers`` matters only when streaming: in memory, rows are parsed once
             at start-up.
+        envs: The run's env factory (default: one made from ``args.env``).
+        split: Which of the env's task sets to serve (``train`` for training, ``test`` for
+            evaluation); also salts the seeds of an env without a task set, so that the seeds
+            of two splits never coincide.
 
     With ``env`` set, file rows are that env's task rows: ``input_key`` is optional (the env
-    builds the prompt from the row in ``reset``). Without ``prompt_data`` the env's
-    ``task_set(env_split)`` is used; an env without a task
-    set gives an endless stream of seeds (``metadata["seed"]``, no ``"task"``; the prompt is
-    empty and comes from ``env.reset(seed=...)``).
+    builds the prompt from the row; a row it cannot build one from is skipped and reported
+    like any malformed row). Without ``prompt_data`` the env's ``task_set(split)`` is used; an
+    env without a task set gives an endless stream of seeds (``metadata["seed"]``, no
+    ``"task"``; the prompt is empty and comes from ``env.reset(seed=...)``).
 
     Raises:
         DataError: No source, a missing or unsupported file, or no usable row.
         ConfigError: ``n_samples_per_prompt``, ``num_data_workers`` or ``shuffle_buffer_size``
             below 1.
+        UnknownSplitError: The env has task sets, but not ``split``.
     """
 
-    def __init__(self, args: Any) -> None:
+    def __init__(self, args: Any, *, envs: EnvFactory | None = None, split: str = "train") -> None:
+        config = as_rollout_config(args)
         self.args = args
-        self.input_key: str = _arg(args, "input_key", "prompt")
-        self.label_key: str = _arg(args, "label_key", "label")
-        self.metadata_key: str = _arg(args, "metadata_key", "metadata")
-        self.tool_key: str | None = _arg(args, "tool_key", None)
-        self.shuffle = bool(_arg(args, "rollout_shuffle", False))
-        self.seed = int(_arg(args, "rollout_seed", 42))
-        self.n_samples_per_prompt = self._positive(args, "n_samples_per_prompt", 1)
-        self.num_workers = self._positive(args, "num_data_workers", 1)
-        self.shuffle_buffer_size = self._positive(args, "shuffle_buffer_size", 10000)
+        self.config = config
+        self.input_key = config.input_key
+        self.label_key = config.label_key
+        self.metadata_key = config.metadata_key
+        self.tool_key = config.tool_key
+        self.shuffle = config.rollout_shuffle
+        self.seed = config.rollout_seed
+        self.n_samples_per_prompt = self._positive(config.n_samples_per_prompt, "n_samples_per_prompt")
+        self.num_workers = self._positive(config.num_data_workers, "num_data_workers")
+        self.shuffle_buffer_size = self._positive(config.shuffle_buffer_size, "shuffle_buffer_size")
         self.skipped_rows: list[SkippedRow] = []
         self._epoch = 0
         self._position = 0
@@ -150,10 +166,16 @@ class RolloutDataSource:
         self._path: Path | None = None
         self._parquet = False
         self._parser: RowParser | None = None
-        self._env_id: str | None = _arg(args, "env", None)
-        self._env_split: str = _arg(args, "env_split", "train")
-        prompt_data = _arg(args, "prompt_data", None)
-        self.streaming = bool(_arg(args, "streaming_data", False)) and prompt_data is not None
+        self._env_id = config.env
+        self._env_split = split
+        if envs is None and config.env is not None:
+            envs = EnvFactory(config.env, env_kwargs=config.env_kwargs, max_turns=config.max_turns,
+                              tool_call_format=config.tool_call_format)
+        self._envs = envs
+        if envs is not None:
+            self._env = envs()
+        prompt_data = config.prompt_data
+        self.streaming = config.streaming_data and prompt_data is not None
         if prompt_data is not None:
             self._open_file(Path(prompt_data))
         elif self._env_id is not None:
@@ -165,8 +187,7 @@ class RolloutDataSource:
             )
 
     @staticmethod
-    def _positive(args: Any, name: str, default: int) -> int:
-        value = _arg(args, name, default)
+    def _positive(value: Any, name: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
         return value
@@ -217,13 +238,12 @@ class RolloutDataSource:
         raise DataError(f"--prompt-data {str(self._path)!r} has no usable row: {detail}")
 
     def _open_env(self, env_id: str) -> None:
-        self._env = make_env(env_id)
-        try:
-            tasks = self._env.task_set(self._env_split)
-        except AgentRLError:
+        assert self._envs is not None
+        tasks = self._envs.task_set(self._env_split)
+        if tasks is None:
             self._seeds = True
             return
-        where = f"env {env_id} split {self._env_split}"
+        where = self._where()
         records = []
         for index, task in enumerate(tasks):
             if not isinstance(task, Mapping):
@@ -234,7 +254,7 @@ class RolloutDataSource:
             prompt = task.get(self.input_key)
             if not (isinstance(prompt, str) and prompt) and not (
                 isinstance(prompt, list) and prompt
-                and all(message_problem(m) is None for m in prompt)
+                and all(message_problem(m, strict=False) is None for m in prompt)
             ):
                 prompt = None  # the env builds it from the task (make_prompt)
             metadata = task.get(self.metadata_key)
@@ -244,7 +264,7 @@ class RolloutDataSource:
                 {"env": env_id, "split": self._env_split, "index": index},
             ))  # fmt: skip
         if not records:
-            raise DataError(f"{where}: the task set is empty; pick another --env-split")
+            raise DataError(f"{where}: the task set is empty")
         self._records = records
         self._any_valid = True
 
@@ -291,7 +311,7 @@ class RolloutDataSource:
 
     def _seed_items(self, start: int) -> Iterator[Item]:
         for k in itertools.count(start):
-            seed = _env_seed(self.seed, k)
+            seed = env_seed(self.seed, self._env_split, k)
             source = {"env": self._env_id, "split": self._env_split, "index": k}
             record = Record({"seed": seed}, "", None, {"seed": seed}, source)
             yield Item(record, None, k + 1, k + 1, 0)
@@ -309,9 +329,11 @@ class RolloutDataSource:
                 self._position = self._offset = self._line = 0
                 continue
             self._position, self._offset, self._line = item.position, item.offset, item.line
+            if item.record is not None and item.record.prompt is None and self._env is not None:
+                item = self._with_env_prompt(item)
             if item.record is None:
                 if self._epoch == 0:  # later epochs meet the same rows again: report once
-                    self._skip(item)
+                    self._skip(item, file=None if self._path is not None else self._where())
                 continue
             self._any_valid = True
             return item.record
@@ -322,12 +344,31 @@ class RolloutDataSource:
             close()
         self._iter = None
 
+    def _with_env_prompt(self, item: Item) -> Item:
+        """``item`` with the prompt the env builds from its row, or skipped with the reason
+        when the env cannot build one (an episode of it would only fail)."""
+        record = item.record
+        assert record is not None
+        try:
+            prompt = self._env.make_prompt(record.row)
+        except Exception as exc:  # noqa: BLE001 - a row the env cannot read is a malformed row
+            reason = (f"--env {self._env_id} cannot build a prompt from this row "
+                      f"({type(exc).__name__}: {exc}); add a {self.input_key!r} field "
+                      "(--input-key) or the fields the env reads")
+            line = record.source.get("line") or record.source.get("index", -1) + 1
+            return dataclasses.replace(item, record=None, reason=reason, line=line)
+        if inspect.iscoroutine(prompt):  # an async hook: not run here, reset() will
+            prompt.close()
+            prompt = ""
+        return dataclasses.replace(item, record=dataclasses.replace(record, prompt=prompt))
+
+    def _where(self) -> str:
+        return f"env {self._env_id} split {self._env_split}"
+
     def _make_group(self, record: Record) -> list[Sample]:
         group_id = self._next_group_id
         self._next_group_id += 1
-        prompt = record.prompt
-        if prompt is None:  # the env builds it from the task row (in reset)
-            prompt = self._env_prompt(record.row) if self._env is not None else ""
+        prompt = record.prompt if record.prompt is not None else ""
         group = []
         for index in range(self.n_samples_per_prompt):
             # Every sample owns its objects: custom generate functions mutate prompts in place.
@@ -340,18 +381,6 @@ class RolloutDataSource:
                 label=copy.deepcopy(record.label), metadata=metadata,
             ))  # fmt: skip
         return group
-
-    def _env_prompt(self, task: dict[str, Any]) -> Any:
-        try:
-            prompt = self._env.make_prompt(task)
-        except Exception as exc:  # noqa: BLE001 - the runner rebuilds it in reset(); just say so
-            logger.warning("%s.make_prompt failed (%s); the prompt comes from reset()",
-                           type(self._env).__name__, exc)
-            return ""
-        if inspect.iscoroutine(prompt):  # an async hook: not run here, reset() will
-            prompt.close()
-            return ""
-        return prompt
 
     # -- public API ----------------------------------------------------------------------------
 
@@ -467,10 +496,10 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
     ``--buffer-filter-path``; a subclass's override takes precedence over the flag.
     """
 
-    def __init__(self, args: Any) -> None:
-        super().__init__(args)
+    def __init__(self, args: Any, *, envs: EnvFactory | None = None, split: str = "train") -> None:
+        super().__init__(args, envs=envs, split=split)
         self.buffer: list[list[Sample]] = []
-        spec = getattr(args, "buffer_filter_path", None)
+        spec = self.config.buffer_filter_path
         self._filter_name = f"{type(self).__qualname__}.buffer_filter"
         self._filter_fn: Callable[..., Any] | None = None
         if spec:
@@ -555,16 +584,19 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
         self.buffer = [[Sample.from_dict(s) for s in group] for group in state.get("buffer", [])]
 
 
-def load_data_source(args: Any) -> RolloutDataSource:
-    """The data source for a run: the class named by ``--data-source-path`` (built with
-    ``args``), else :class:`RolloutDataSourceWithBuffer`.
+def load_data_source(config: RolloutConfig, envs: EnvFactory | None = None) -> RolloutDataSource:
+    """The data source for a run: the class named by ``--data-source-path`` (built as
+    ``cls(args)``, with the config as ``args``), else :class:`RolloutDataSourceWithBuffer` over
+    the run's env factory.
 
     Raises:
         PluginError: The plug-in cannot be loaded or lacks ``get_samples``/``add_samples``.
     """
-    spec = getattr(args, "data_source_path", None)
+    args = config
+    config = as_rollout_config(config)
+    spec = config.data_source_path
     if not spec:
-        return RolloutDataSourceWithBuffer(args)
+        return RolloutDataSourceWithBuffer(config, envs=envs)
     cls = load_plugin(spec, flag="--data-source-path")
     if not callable(cls):
         raise PluginError(f"--data-source-path {spec!r} is not a class")

@@ -13,73 +13,37 @@ the chat template's delta (loss mask 0). Two sources:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentrl.chat import ChatRenderer
 from agentrl.errors import DataError
-from agentrl.rollout.episode import RolloutContext
+from agentrl.rollout.episode import Episode, RolloutContext, ScriptedTurns, oracle_policy
 from agentrl.rollout.sample import Sample, Status
 from agentrl.rollout.trajectory import Trajectory
 
 __all__ = ["DemoBatch", "conversation_sample", "demonstrations", "oracle_sample"]
 
+log = logging.getLogger(__name__)
 
-def _action_text(env: Any, action: Any) -> str:
-    """An oracle action as the raw text a model would write (in the env's tool-call format)."""
-    if isinstance(action, str):
-        return action
-    from agentrl.tools.calls import ToolCall
-
-    calls = [c if isinstance(c, ToolCall) else ToolCall(c["name"], dict(c.get("arguments") or {}))
-             for c in action.get("tool_calls") or ()]  # fmt: skip
-    return env.format.render(str(action.get("content") or ""), calls)
+ORACLE = ScriptedTurns(oracle_policy, "oracle")
 
 
 async def oracle_sample(ctx: RolloutContext, sample: Sample) -> Sample:
-    """Plays the env's oracle on ``sample``'s task (or seed) and fills ``sample`` with it.
+    """Plays the env's oracle on ``sample``'s task (or seed) and fills ``sample`` with it: an
+    :class:`~agentrl.rollout.episode.Episode` whose turns come from the oracle.
+
+    Returns:
+        The sample; ``failed`` (with ``metadata["error"]``) when the env or its oracle broke.
 
     Raises:
-        DataError: No env (``--env``), or the env has no oracle.
+        DataError: No env (``--env``).
     """
-    if ctx.env_factory is None:
+    if ctx.envs is None:
         raise DataError("oracle demonstrations need --env (an env with a scripted oracle)")
-    env = ctx.env_factory()
-    renderer = ctx.renderer
-    eot = renderer.encode(renderer.end_of_turn)
-    try:
-        meta = sample.metadata
-        observation, info = await env.areset(
-            seed=meta.get("seed"), options={"task": meta["task"]} if "task" in meta else None)
-        tools = list(info["tools"]) or None
-        history = [dict(m) for m in observation]
-        sample.prompt = [dict(m) for m in observation]
-        sample.tokens = renderer.prompt_ids(history, tools)
-        sample.response_length, sample.loss_mask, sample.rollout_log_probs = 0, [], []
-        sample.turns = []
-        trajectory = Trajectory(sample, renderer, ctx.max_context_len)
-        while True:
-            try:
-                text = _action_text(env, env.oracle_action(info["task"], env.messages))
-            except Exception as exc:
-                raise DataError(f"{type(env).__name__} gives no oracle demonstration: {exc}") from exc
-            ids = renderer.encode(text) + eot
-            trajectory.append_assistant(ids, [0.0] * len(ids))
-            observation, reward, terminated, truncated, info_step = await env.astep(text)
-            if terminated or truncated:
-                sample.reward = reward
-                sample.status = Status.COMPLETED if terminated else Status.TRUNCATED
-                break
-            history.append(dict(env.messages[-(len(observation) + 1)]))
-            appended, fits = trajectory.append_env(history, observation, tools)
-            if not fits:
-                sample.reward, sample.status = 0.0, Status.TRUNCATED
-                break
-            history.extend(appended)
-    finally:
-        await env.aclose()
-    sample.response = renderer.tokenizer.decode(sample.tokens[sample.prompt_length :],
-                                                skip_special_tokens=True)  # fmt: skip
+    episode = Episode(ctx, sample, f"demo-g{sample.group_id}-s{sample.index}", turns=ORACLE)
+    await episode.run()
     sample.metadata["demonstration"] = "oracle"
     return sample
 
@@ -115,8 +79,16 @@ def conversation_sample(
 
 async def demonstrations(ctx: RolloutContext, groups: Sequence[Sequence[Sample]]) -> list[Sample]:
     """Demonstration samples for data-source groups: a prompt that is a conversation with
-    assistant turns is used as it is; anything else is played by the env's oracle."""
-    out = []
+    assistant turns is used as it is; anything else is played by the env's oracle.
+
+    A demonstration that failed (the oracle or the env broke on that task) stays in the batch,
+    so the batch keeps its size, with every loss-mask entry 0 (it has nothing to teach) and a
+    warning naming the task and the reason.
+
+    Raises:
+        DataError: Every demonstration failed (e.g. the env has no oracle); names the reason.
+    """
+    out, failed = [], []
     for group in groups:
         for sample in group:
             prompt = sample.prompt
@@ -125,8 +97,16 @@ async def demonstrations(ctx: RolloutContext, groups: Sequence[Sequence[Sample]]
                 demo = conversation_sample(ctx.renderer, prompt, tools=tools, group_id=sample.group_id)
                 demo.index, demo.metadata = sample.index, {**sample.metadata, **demo.metadata}
                 out.append(demo)
-            else:
-                out.append(await oracle_sample(ctx, sample))
+                continue
+            demo = await oracle_sample(ctx, sample)
+            if demo.status is Status.FAILED:
+                failed.append(demo)
+                demo.loss_mask = [0] * demo.response_length
+                log.warning("no oracle demonstration for task %s: %s",
+                            demo.metadata.get("task_id"), demo.metadata.get("error"))
+            out.append(demo)
+    if failed and len(failed) == len(out):
+        raise DataError(f"no demonstration could be played: {failed[0].metadata.get('error')}")
     return out
 
 

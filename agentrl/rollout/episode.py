@@ -1,7 +1,18 @@
-"""Playing one episode token-in/token-out: the default generate function of the rollout.
+"""Playing one episode: the one loop every rollout, demonstration and evaluation goes through.
 
-An episode alternates engine turns and environment steps until the env ends it, the turn limit
-truncates it, the context is full, or the engine stops it. Its fate is the sample's status:
+An episode alternates assistant turns and environment steps until the env ends it, the turn
+limit truncates it, the context is full, or the turn source stops it. Where the assistant turns
+come from is a :class:`TurnSource`: the engine's sampled tokens (:class:`EngineTurns`, training
+and model evaluation), or a scripted policy such as the env's oracle (:class:`ScriptedTurns`,
+demonstrations and ``agentrl eval --policy oracle``). Custom generate functions drive the same
+:class:`Episode` step by step (:mod:`agentrl.rollout.custom`).
+
+With a chat renderer the episode is built token-in/token-out into the sample (prompt ids, the
+turns' ids with loss mask 1, the env's replies as template deltas with loss mask 0; see
+:mod:`agentrl.rollout.trajectory`). Without one (a scripted evaluation, no model) it plays
+messages only and the sample has no tokens.
+
+The episode's fate is the sample's status:
 
 ========================================  ===========  ==============================
 what happened                              status       ``metadata["finish"]``
@@ -12,59 +23,216 @@ no env: the engine stopped (stop token)    completed    ``stop``
 a turn hit ``--rollout-max-response-len``  truncated    ``length``
 context full (``--rollout-max-context-len``) truncated  ``context``
 engine aborted the request                 aborted      ``abort`` (resumable)
-env, tool plumbing or template crashed     failed       ``error`` (``metadata["error"]``)
+env, tool plumbing, policy or template     failed       ``error`` (``metadata["error"]``)
+crashed
 ========================================  ===========  ==============================
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import logging
 import threading
+import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentrl.chat import ChatRenderer
 from agentrl.env import ToolEnv
+from agentrl.env.factory import EnvFactory
+from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.engine.base import Engine, SamplingParams
-from agentrl.rollout.sample import Sample, Status
+from agentrl.rollout.sample import Sample, Status, Turn
 from agentrl.rollout.trajectory import Trajectory
 
-__all__ = ["Episode", "RolloutContext", "prompt_messages"]
+__all__ = [
+    "EngineTurns",
+    "Episode",
+    "RolloutContext",
+    "ScriptedTurns",
+    "TurnOutput",
+    "TurnSource",
+    "prompt_messages",
+    "task_id_of",
+]
 
 log = logging.getLogger(__name__)
 
 RESPONSE_ROOM = 64
 """Tokens kept free for the next assistant turn when tool output must be cut to fit."""
 
+Policy = Callable[[ToolEnv, Mapping[str, Any], Sequence[Mapping[str, Any]]], Any]
+"""A scripted policy: ``(env, task, history) -> action`` (an assistant message or text)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnOutput:
+    """One assistant turn from a :class:`TurnSource`.
+
+    Attributes:
+        action: What the env steps with: the turn's text, or an assistant message dict.
+        finish_reason: ``stop`` (the turn is complete), ``length`` (cut by the per-turn token
+            cap) or ``abort`` (stopped; the episode may resume).
+    """
+
+    action: str | Mapping[str, Any]
+    finish_reason: str = "stop"
+
+
+class TurnSource(abc.ABC):
+    """Where an episode's assistant turns come from."""
+
+    name: str = "turns"
+
+    @abc.abstractmethod
+    async def next_turn(self, episode: Episode, rid: str) -> TurnOutput | None:
+        """Produces the next assistant turn of ``episode`` (and, when the episode keeps tokens,
+        appends its ids to ``episode.trajectory``).
+
+        Args:
+            episode: The episode being played.
+            rid: The request id of this turn (engine requests; abort matches by prefix).
+
+        Returns:
+            The turn, or ``None`` when the context has no room left for one.
+        """
+
+
+class EngineTurns(TurnSource):
+    """Turns sampled by the policy engine, token-in/token-out.
+
+    Args:
+        engine: The engine.
+        sampling: Per-turn sampling parameters (``max_new_tokens`` shrinks to the budget).
+        seed: The run's ``--rollout-seed``: each request's sampling seed derives from it and
+            the request id (``None``: the engine's own stream).
+    """
+
+    name = "engine"
+
+    def __init__(self, engine: Engine, sampling: SamplingParams, seed: int | None = None) -> None:
+        self.engine = engine
+        self.sampling = sampling
+        self.seed = seed
+
+    async def next_turn(self, episode: Episode, rid: str) -> TurnOutput | None:
+        trajectory = episode.trajectory
+        if trajectory is None:
+            raise RuntimeError("engine turns need a chat renderer (token ids)")
+        out = await trajectory.generate(self.engine, self.sampling, rid, seed=self.seed)
+        if out is None:
+            return None
+        return TurnOutput(trajectory.last_turn_text(), out.finish_reason)
+
+
+class ScriptedTurns(TurnSource):
+    """Turns written by a scripted policy, e.g. the env's oracle.
+
+    When the episode keeps tokens (a demonstration for a supervised warm start), each action is
+    written as the model would write it (the env's tool-call format), then encoded with the
+    end-of-turn token: loss mask 1, log-probabilities 0. Otherwise the action goes to the env
+    as it is.
+
+    Args:
+        policy: ``(env, task, history) -> action``.
+        name: Shown in results (``oracle``, ``null``).
+    """
+
+    def __init__(self, policy: Policy, name: str) -> None:
+        self.policy = policy
+        self.name = name
+
+    async def next_turn(self, episode: Episode, rid: str) -> TurnOutput | None:
+        env = episode.env
+        if env is None or env.state is None:
+            raise RuntimeError(f"the {self.name} policy needs an env (--env)")
+        started = time.perf_counter()
+        action = self.policy(env, env.state.task, env.messages)
+        policy_s = time.perf_counter() - started
+        trajectory = episode.trajectory
+        if trajectory is None:
+            episode.sample.turns.append(Turn("assistant", 0, 0, finish_reason="stop",
+                                             generate_s=policy_s))
+            return TurnOutput(action)
+        text = action_text(env, action)
+        renderer = trajectory.renderer
+        ids = renderer.encode(text) + trajectory.end_of_turn_ids
+        if len(ids) > trajectory.budget:
+            return None
+        trajectory.append_assistant(ids, [0.0] * len(ids), generate_s=policy_s)
+        return TurnOutput(text)
+
+
+def oracle_policy(env: ToolEnv, task: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> Any:
+    """The env's scripted expert (:meth:`ToolEnv.oracle_action`)."""
+    return env.oracle_action(task, history)
+
+
+def null_policy(env: ToolEnv, task: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> Any:
+    """A policy that does no work (:meth:`ToolEnv.null_action`)."""
+    return env.null_action(task, history)
+
+
+SCRIPTED_POLICIES: dict[str, Policy] = {"oracle": oracle_policy, "null": null_policy}
+"""The scripted policies ``agentrl eval --policy`` knows besides ``model``."""
+
+
+def action_text(env: ToolEnv, action: Any) -> str:
+    """An action as the raw text a model would write (in the env's tool-call format)."""
+    if isinstance(action, str):
+        return action
+    from agentrl.tools.calls import ToolCall
+
+    calls = [c if isinstance(c, ToolCall) else ToolCall(c["name"], dict(c.get("arguments") or {}))
+             for c in action.get("tool_calls") or ()]
+    return env.format.render(str(action.get("content") or ""), calls)
+
 
 @dataclasses.dataclass
 class RolloutContext:
-    """What every episode of a rollout shares.
+    """What every episode of a rollout (or an evaluation) shares.
 
     Attributes:
-        args: The run's arguments (a :class:`~agentrl.rollout.RolloutConfig` or namespace);
-            handed to plug-ins.
-        engine: The policy engine.
-        renderer: Chat renderer of the policy's tokenizer (token-exact env deltas).
+        config: The rollout settings, resolved: ``max_turns`` holds the turn limit episodes
+            run under (the env's own when ``--max-turns`` was not given). Plug-ins receive it
+            as ``args``.
+        engine: The policy engine (``None`` for a scripted evaluation).
+        renderer: Chat renderer of the policy's tokenizer (``None``: no tokens are kept).
         sampling: Sampling parameters of a turn (``max_new_tokens`` = per-turn cap).
         max_context_len: Prompt + response tokens allowed per sample.
-        env_factory: Makes a fresh env per episode; ``None`` for single-turn prompts.
+        envs: Makes the run's envs; ``None`` for single-turn prompts without an env.
+        turns: Where assistant turns come from (default: the engine's sampled turns).
         stopping: Set when the rollout has enough groups: episodes stop before their next
-            engine request (as aborted), in-flight requests are aborted by the rollout.
-        seed: The run's ``--rollout-seed``: each request's sampling seed derives from it and the
-            request id, so sampling is reproducible (``None``: the engine's own stream).
+            turn (as aborted); in-flight engine requests are aborted by the rollout.
     """
 
-    args: Any
-    engine: Engine
-    renderer: ChatRenderer
+    config: RolloutConfig
+    engine: Engine | None
+    renderer: ChatRenderer | None
     sampling: SamplingParams
     max_context_len: int
-    env_factory: Callable[[], ToolEnv] | None = None
+    envs: EnvFactory | None = None
+    turns: TurnSource | None = None
     stopping: threading.Event = dataclasses.field(default_factory=threading.Event)
-    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.turns is None:
+            if self.engine is None:
+                raise ValueError("a rollout context needs an engine or a turn source")
+            self.turns = EngineTurns(self.engine, self.sampling, self.config.rollout_seed)
+
+    @property
+    def args(self) -> RolloutConfig:
+        """The config, under the name plug-ins know it by (``custom_generate(args, ...)``)."""
+        return self.config
+
+    @property
+    def max_turns(self) -> int:
+        """The turn limit (resolved)."""
+        assert self.config.max_turns is not None
+        return self.config.max_turns
 
 
 def prompt_messages(prompt: Any) -> list[dict[str, Any]]:
@@ -74,6 +242,12 @@ def prompt_messages(prompt: Any) -> list[dict[str, Any]]:
     return [dict(m) for m in prompt]
 
 
+def task_id_of(task: Mapping[str, Any] | None, default: Any = None) -> Any:
+    """A task's id: its ``id`` key, else ``task_id``, else ``default``."""
+    task = task or {}
+    return task.get("id", task.get("task_id", default))
+
+
 class Episode:
     """One sample's episode; :meth:`run` plays it, and plays on after an abort.
 
@@ -81,38 +255,158 @@ class Episode:
         ctx: The shared rollout context.
         sample: The sample to fill (fresh, or one this episode already started).
         rid: Request-id prefix of the episode's engine requests (abort matches by prefix).
+        turns: The turn source (default: the context's).
+        record_messages: Keep the conversation as messages in ``metadata["messages"]``
+            (evaluation results show it).
     """
 
-    def __init__(self, ctx: RolloutContext, sample: Sample, rid: str) -> None:
+    def __init__(self, ctx: RolloutContext, sample: Sample, rid: str, *,
+                 turns: TurnSource | None = None, record_messages: bool = False) -> None:
         self.ctx = ctx
         self.sample = sample
         self.rid = rid
+        self.source = turns or ctx.turns
+        self.record_messages = record_messages
         self.env: ToolEnv | None = None
         self.history: list[dict[str, Any]] = []
         self.tools: list[dict[str, Any]] | None = None
         self.trajectory: Trajectory | None = None
+        self.started = False
+        self._started_at = 0.0
         self.done = False
-        self._turn = 0
+        self.turn = 0
+        self.last_text = ""
 
     async def run(self) -> Sample:
-        """Plays until the episode ends or is aborted; never raises for env or tool failures.
+        """Plays until the episode ends or is aborted; never raises for env, tool or policy
+        failures (they fail the sample, with the reason in ``metadata["error"]``).
 
         Returns:
             The sample, with status, tokens, loss mask, log-probs, reward and per-turn records.
         """
         try:
-            if self.trajectory is None:
-                await self._start()
+            if not self.started:
+                await self.start()
             await self._play()
         except Exception as exc:  # noqa: BLE001 - an env crash fails one sample, not the batch
-            self._finish(Status.FAILED, "error")
-            self.sample.reward = 0.0
-            self.sample.metadata["error"] = f"{type(exc).__name__}: {exc}"
-            self.sample.metadata["traceback"] = traceback.format_exc(limit=8)
-            log.warning("episode %s failed: %s: %s", self.rid, type(exc).__name__, exc)
+            self.fail(exc)
         if self.done:
+            if self.sample.reward is None:  # ended without a score (truncated, failed)
+                self.sample.reward = 0.0
             await self.close()
         return self.sample
+
+    async def start(self) -> None:
+        """Resets the env with the sample's task (or seed) and writes the prompt (and its ids).
+
+        Ends the episode at once (truncated, ``context``) when the prompt alone fills the
+        context.
+        """
+        sample, renderer = self.sample, self.ctx.renderer
+        self.started = True
+        self._started_at = time.perf_counter()
+        if self.ctx.envs is not None:
+            self.env = self.ctx.envs()
+            options = {"task": sample.metadata["task"]} if "task" in sample.metadata else None
+            observation, info = await self.env.areset(seed=sample.metadata.get("seed"), options=options)
+            self.history = [dict(m) for m in observation]
+            self.tools = list(info["tools"]) or None
+            sample.metadata.setdefault("task_id", task_id_of(info["task"]))
+        else:
+            self.history = prompt_messages(sample.prompt)
+        if not sample.prompt:
+            sample.prompt = [dict(m) for m in self.history]
+        sample.response_length = 0
+        sample.loss_mask, sample.rollout_log_probs, sample.turns = [], [], []
+        if renderer is None:
+            sample.tokens = []
+            return
+        sample.tokens = renderer.prompt_ids(self.history, self.tools)
+        self.trajectory = Trajectory(sample, renderer, self.ctx.max_context_len)
+        if len(sample.tokens) >= self.ctx.max_context_len:
+            self.finish(Status.TRUNCATED, "context")
+            sample.metadata["error"] = (f"the prompt has {len(sample.tokens)} tokens; "
+                                        f"--rollout-max-context-len is {self.ctx.max_context_len}")
+
+    async def next_turn(self, source: TurnSource | None = None) -> TurnOutput | None:
+        """One assistant turn from ``source`` (default: the episode's), counted; ``None`` when
+        the context is full or the episode is stopping (its status then says which)."""
+        if self.ctx.stopping.is_set():
+            self._abort()
+            return None
+        out = await (source or self.source).next_turn(self, f"{self.rid}-t{self.turn}")
+        if out is None:
+            self.finish(Status.TRUNCATED, "context")
+            return None
+        if out.finish_reason == "abort":
+            self._abort()
+            return None
+        self.turn += 1
+        self.last_text = out.action if isinstance(out.action, str) else str(out.action.get("content") or "")
+        return out
+
+    def append_env(self, history: Sequence[Mapping[str, Any]],
+                   messages: Sequence[Mapping[str, Any]], tools_s: float = 0.0
+                   ) -> list[dict[str, Any]] | None:
+        """Adds the env's reply to the sample (the template delta, loss mask 0), tool results
+        cut to fit the context when needed (counted in ``metadata["tool_outputs_cut"]``).
+
+        Args:
+            history: The conversation up to and including the last assistant message.
+            messages: The env's new messages.
+            tools_s: Seconds the tools took.
+
+        Returns:
+            The messages as the model will see them, or ``None`` when even emptied tool results
+            do not fit (the episode is then truncated, ``context``).
+        """
+        if self.trajectory is None:
+            return [dict(m) for m in messages]
+        room = min(RESPONSE_ROOM, self.ctx.sampling.max_new_tokens)
+        appended, fits = self.trajectory.append_env(history, messages, self.tools, tools_s=tools_s,
+                                                    min_generation_room=room)
+        if not fits:
+            self.finish(Status.TRUNCATED, "context")
+            return None
+        cut = sum(1 for m, o in zip(appended, messages, strict=True) if m != o)
+        if cut:
+            meta = self.sample.metadata
+            meta["tool_outputs_cut"] = meta.get("tool_outputs_cut", 0) + cut
+        return appended
+
+    def finish(self, status: Status, finish: str) -> None:
+        """Ends the episode: status, finish reason, turn count, response text."""
+        sample = self.sample
+        sample.status = status
+        sample.metadata["finish"] = finish
+        sample.metadata["turns"] = self.turn
+        if self.started:
+            sample.metadata["episode_s"] = time.perf_counter() - self._started_at
+        if self.trajectory is not None:
+            tokenizer = self.trajectory.renderer.tokenizer
+            sample.response = tokenizer.decode(sample.tokens[sample.prompt_length :],
+                                               skip_special_tokens=True)
+            if len(self.trajectory.weight_versions) > 1:
+                sample.metadata["weight_versions"] = list(self.trajectory.weight_versions)
+        else:
+            sample.response = self.last_text
+        if self.record_messages:
+            messages = list(self.env.messages) if self.env is not None else list(self.history)
+            if finish in ("length", "stop"):
+                # the last turn never reached an env: keep what the model wrote
+                messages.append({"role": "assistant", "content": self.last_text})
+            sample.metadata["messages"] = [dict(m) for m in messages]
+        self.done = True
+
+    def fail(self, exc: BaseException) -> None:
+        """Fails the sample with ``exc`` as the reason (``metadata["error"]``)."""
+        self.finish(Status.FAILED, "error")
+        self.sample.reward = 0.0
+        self.sample.metadata["error"] = f"{type(exc).__name__}: {exc}"
+        self.sample.metadata["traceback"] = traceback.format_exc(limit=8)
+        where = self.sample.metadata.get("source") or {}
+        row = f" (row {where['file']}:{where['line']})" if "file" in where else ""
+        log.warning("episode %s failed%s: %s: %s", self.rid, row, type(exc).__name__, exc)
 
     async def close(self) -> None:
         """Closes the env (idempotent); an aborted episode closed here cannot resume."""
@@ -120,93 +414,38 @@ class Episode:
         if env is not None:
             await env.aclose()
 
-    async def _start(self) -> None:
-        sample, renderer = self.sample, self.ctx.renderer
-        if self.ctx.env_factory is not None:
-            self.env = self.ctx.env_factory()
-            options = {"task": sample.metadata["task"]} if "task" in sample.metadata else None
-            observation, info = await self.env.areset(seed=sample.metadata.get("seed"), options=options)
-            self.history = [dict(m) for m in observation]
-            self.tools = list(info["tools"]) or None
-            sample.metadata.setdefault("task_id", info["task"].get("task_id", info["task"].get("id")))
-        else:
-            self.history = prompt_messages(sample.prompt)
-        if not sample.prompt:
-            sample.prompt = [dict(m) for m in self.history]
-        sample.tokens = renderer.prompt_ids(self.history, self.tools)
-        sample.response_length = 0
-        sample.loss_mask, sample.rollout_log_probs, sample.turns = [], [], []
-        if len(sample.tokens) >= self.ctx.max_context_len:
-            self.trajectory = Trajectory(sample, renderer, self.ctx.max_context_len)
-            self._finish(Status.TRUNCATED, "context")
-            sample.metadata["error"] = (f"the prompt has {len(sample.tokens)} tokens; "
-                                        f"--rollout-max-context-len is {self.ctx.max_context_len}")
-            return
-        self.trajectory = Trajectory(sample, renderer, self.ctx.max_context_len)
+    # -- the default loop ------------------------------------------------------------------------
 
     async def _play(self) -> None:
-        trajectory, sample = self.trajectory, self.sample
-        assert trajectory is not None
+        sample = self.sample
         while not self.done:
-            if self.ctx.stopping.is_set():
-                sample.status = Status.ABORTED
-                sample.metadata["finish"] = "abort"
-                return None
-            out = await trajectory.generate(self.ctx.engine, self.ctx.sampling,
-                                            f"{self.rid}-t{self._turn}", seed=self.ctx.seed)  # fmt: skip
+            out = await self.next_turn()
             if out is None:
-                return self._finish(Status.TRUNCATED, "context")
-            if out.finish_reason == "abort":
-                sample.status = Status.ABORTED
-                sample.metadata["finish"] = "abort"
-                return None
-            self._turn += 1
+                return
             if out.finish_reason == "length":
-                return self._finish(Status.TRUNCATED, "length")
+                return self.finish(Status.TRUNCATED, "length")
             if self.env is None:
-                return self._finish(Status.COMPLETED, "stop")
-            observation, reward, terminated, truncated, info = await self.env.astep(
-                trajectory.last_turn_text())
+                return self.finish(Status.COMPLETED, "stop")
+            observation, reward, terminated, truncated, info = await self.env.astep(out.action)
+            timings = self.env.last_step_timings
             errors = sample.metadata.setdefault("tool_errors", {})
             for kind, count in info["tool_errors"].items():
                 errors[kind] = errors.get(kind, 0) + count
-            sample.turns[-1].tool_names = list(info["tool_calls"])
-            sample.turns[-1].tools_s = info["timings"]["tools_s"]
-            sample.turns[-1].reward_s = info["timings"]["reward_s"]
+            turn = sample.turns[-1]
+            turn.tool_names = list(info["tool_calls"])
+            turn.tools_s, turn.reward_s = timings.tools_s, timings.reward_s
             if terminated:
                 sample.reward = reward
-                return self._finish(Status.COMPLETED, "env")
-            self.history.append(self._assistant_message(len(observation)))
+                return self.finish(Status.COMPLETED, "env")
+            self.history.append(dict(self.env.messages[-(len(observation) + 1)]))
             if truncated:
-                return self._finish(Status.TRUNCATED, "max_turns")
-            appended, fits = trajectory.append_env(
-                self.history, observation, self.tools, tools_s=info["timings"]["tools_s"],
-                min_generation_room=min(RESPONSE_ROOM, self.ctx.sampling.max_new_tokens))
-            if not fits:
-                return self._finish(Status.TRUNCATED, "context")
-            cut = sum(1 for m, o in zip(appended, observation, strict=True) if m != o)
-            if cut:
-                sample.metadata["tool_outputs_cut"] = sample.metadata.get("tool_outputs_cut", 0) + cut
+                return self.finish(Status.TRUNCATED, "max_turns")
+            appended = self.append_env(self.history, observation, tools_s=timings.tools_s)
+            if appended is None:
+                return
             self.history.extend(appended)
-        return None
+        return
 
-    def _assistant_message(self, n_new: int) -> dict[str, Any]:
-        """The env's parsed record of the assistant turn just played."""
-        assert self.env is not None
-        message: Mapping[str, Any] = self.env.messages[-(n_new + 1)]
-        return dict(message)
-
-    def _finish(self, status: Status, finish: str) -> None:
-        sample = self.sample
-        sample.status = status
-        sample.metadata["finish"] = finish
-        sample.metadata["turns"] = self._turn
-        if sample.reward is None:
-            sample.reward = 0.0
-        if self.trajectory is not None:
-            tokenizer = self.ctx.renderer.tokenizer
-            sample.response = tokenizer.decode(
-                sample.tokens[sample.prompt_length :], skip_special_tokens=True)
-            if len(self.trajectory.weight_versions) > 1:
-                sample.metadata["weight_versions"] = list(self.trajectory.weight_versions)
-        self.done = True
+    def _abort(self) -> None:
+        self.sample.status = Status.ABORTED
+        self.sample.metadata["finish"] = "abort"

@@ -6,7 +6,7 @@ Precedence, per sample: ``sample.metadata["custom_rm_path"]`` (a per-row reward 
 * ``def rm(args, sample) -> float`` (``async def`` too): one sample at a time;
 * ``def rm(args, samples) -> list[float]`` (sync or async): batched - the second parameter is
   named ``samples``;
-* the brief's class ``CustomRewardModel(model_path)`` with
+* slime's class ``CustomRewardModel(model_path)`` with
   ``compute_reward(prompts, responses) -> list[float]`` (sync or async), built once with
   ``--rm-model-path``.
 
@@ -17,35 +17,18 @@ A reward that raises, or is not a real number, fails that sample (``status = fai
 from __future__ import annotations
 
 import inspect
-import math
-import numbers
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from agentrl.env import as_reward
 from agentrl.errors import PluginError, RewardError
 from agentrl.plugins import load_plugin
 from agentrl.rollout.sample import Sample, Status
 
-__all__ = ["RewardModel", "apply_custom_rewards", "as_reward", "load_reward_model"]
+__all__ = ["RewardModel", "apply_custom_rewards", "load_reward_model", "maybe_await"]
 
 _FLAG = "--custom-rm-path"
-
-
-def as_reward(value: Any, source: str) -> float:
-    """``value`` as a finite float (bools count as 0/1).
-
-    Raises:
-        RewardError: Not a real number, or NaN/inf; the message names ``source``.
-    """
-    if hasattr(value, "item") and callable(value.item):  # a 0-d tensor or numpy scalar
-        value = value.item()
-    if not isinstance(value, numbers.Real):
-        raise RewardError(f"{source} returned {type(value).__name__} {value!r:.60}, not a number")
-    result = float(value)
-    if not math.isfinite(result):
-        raise RewardError(f"{source} returned {result}, not a finite number")
-    return result
 
 
 class RewardModel:
@@ -87,7 +70,7 @@ class RewardModel:
         if self.kind == "single":
             for sample in samples:
                 try:
-                    reward = await _resolve(self._fn(self.args, sample))
+                    reward = await maybe_await(self._fn(self.args, sample))
                     sample.reward = as_reward(reward, self.name)
                 except Exception as exc:  # noqa: BLE001 - a user function fails one sample
                     _fail(sample, self.name, exc)
@@ -95,9 +78,9 @@ class RewardModel:
             try:
                 if self.kind == "class":
                     prompts = [s.prompt for s in samples]
-                    rewards = await _resolve(self._fn(prompts, [s.response for s in samples]))
+                    rewards = await maybe_await(self._fn(prompts, [s.response for s in samples]))
                 else:
-                    rewards = await _resolve(self._fn(self.args, list(samples)))
+                    rewards = await maybe_await(self._fn(self.args, list(samples)))
                 if hasattr(rewards, "tolist"):
                     rewards = rewards.tolist()
                 if not isinstance(rewards, Sequence) or len(rewards) != len(samples):
@@ -125,7 +108,8 @@ def _fail(sample: Sample, name: str, exc: BaseException) -> None:
     sample.metadata.setdefault("error", sample.metadata["reward_error"])
 
 
-async def _resolve(value: Any) -> Any:
+async def maybe_await(value: Any) -> Any:
+    """``value``, awaited first when it is awaitable (plug-ins may be sync or async)."""
     return await value if inspect.isawaitable(value) else value
 
 
@@ -151,11 +135,11 @@ async def apply_custom_rewards(samples: Sequence[Sample], args: Any) -> None:
     """
     scorable = [s for s in samples if s.status in (Status.COMPLETED, Status.TRUNCATED)]
     by_model: dict[str, list[Sample]] = {}
-    default = getattr(args, "custom_rm_path", None)
+    default = args.custom_rm_path
     for sample in scorable:
         spec = sample.metadata.get("custom_rm_path") or default
         if spec:
             by_model.setdefault(spec, []).append(sample)
     for spec, group in by_model.items():
-        model = load_reward_model(spec, args, getattr(args, "rm_model_path", None))
+        model = load_reward_model(spec, args, args.rm_model_path)
         await model.score(group)

@@ -77,20 +77,22 @@ class RolloutRunner:
         self.suspended: dict[tuple[Any, int], Episode] = {}
         self.on_group_done: Callable[[list[Sample]], None] | None = None
         """Called with each group as it finishes (progress displays); kept or not."""
-        self._semaphore = asyncio.Semaphore(getattr(ctx.args, "rollout_concurrency", 64))
+        self._semaphore = asyncio.Semaphore(ctx.config.rollout_concurrency)
 
     @classmethod
-    def from_args(cls, ctx: RolloutContext, data_source: Any) -> RolloutRunner:
-        """With the plug-ins the flags name (``--custom-generate-function-path``,
-        ``--dynamic-sampling-filter-path``)."""
-        args = ctx.args
-        spec = getattr(args, "custom_generate_function_path", None)
+    def from_context(cls, ctx: RolloutContext, data_source: Any, *, evaluation: bool = False
+                     ) -> RolloutRunner:
+        """With the plug-ins the config names (``--custom-generate-function-path``, and for
+        training rollouts ``--dynamic-sampling-filter-path``)."""
+        config = ctx.config
+        spec = config.custom_generate_function_path
         custom = load_custom_generate(spec) if spec else None
-        spec = getattr(args, "dynamic_sampling_filter_path", None)
+        spec = None if evaluation else config.dynamic_sampling_filter_path
         group_filter = load_plugin(spec, flag="--dynamic-sampling-filter-path") if spec else None
         if group_filter is not None and not callable(group_filter):
             raise PluginError(f"--dynamic-sampling-filter-path {spec!r} is not callable")
-        return cls(ctx, data_source, custom_generate=custom, group_filter=group_filter)
+        return cls(ctx, data_source, custom_generate=custom, group_filter=group_filter,
+                   evaluation=evaluation)
 
     async def generate(
         self, rollout_id: int | str, num_groups: int | None = None, submit_size: int | None = None
@@ -102,10 +104,10 @@ class RolloutRunner:
             The batch. Failed samples are included (status ``failed``, reward 0.0): the trainer
             decides what to do with them.
         """
-        args = self.ctx.args
-        target = num_groups or args.rollout_batch_size
-        step = submit_size or getattr(args, "over_sampling_batch_size", None) or target
-        max_groups = max(target, getattr(args, "dynamic_sampling_max_groups", None) or 8 * target)
+        config = self.ctx.config
+        target = num_groups or config.rollout_batch_size
+        step = submit_size or config.over_sampling_batch_size or target
+        max_groups = max(target, config.dynamic_sampling_max_groups or 8 * target)
         self.ctx.stopping.clear()
         counts: collections.Counter[str] = collections.Counter()
         kept: list[list[Sample]] = []
@@ -148,7 +150,7 @@ class RolloutRunner:
             else:
                 counts["filtered_groups"] += 1
                 continue
-            if getattr(args, "partial_rollout", False):
+            if config.partial_rollout and not self.evaluation:
                 self.data_source.add_samples([group])
                 counts["groups_to_buffer"] += 1
             else:
@@ -199,7 +201,7 @@ class RolloutRunner:
             if sample.status is Status.ABORTED:  # its env is gone (restart): play it afresh
                 sample.metadata["restarted"] = sample.metadata.get("restarted", 0) + 1
             sample.status, sample.reward = Status.PENDING, None
-            episode = Episode(self.ctx, sample, rid)
+            episode = Episode(self.ctx, sample, rid, record_messages=self.evaluation)
         else:
             episode.rid = rid
         async with self._semaphore:
@@ -213,7 +215,8 @@ class RolloutRunner:
         if not pending:
             return []
         self.ctx.stopping.set()
-        await self.ctx.engine.abort(rid_prefix)
+        if self.ctx.engine is not None:
+            await self.ctx.engine.abort(rid_prefix)
         done = await asyncio.gather(*pending)
         self.ctx.stopping.clear()
         return list(done)

@@ -87,8 +87,10 @@ def build_batch(samples: Sequence[Sample], pad_id: int = 0) -> TrainBatch:
             span = slice(start, start + sample.response_length)
             mask[row, span] = torch.tensor(sample.loss_mask, dtype=torch.float32)
             rollout[row, span] = torch.tensor(sample.rollout_log_probs, dtype=torch.float32)
+    # A sample that failed before its prompt was rendered has no tokens; it stays one padding
+    # token long (with no loss position), so that a micro-batch of such samples still has a shape.
     return TrainBatch(
-        tokens=tokens, lengths=torch.tensor([len(s.tokens) for s in samples]), mask=mask,
+        tokens=tokens, lengths=torch.tensor([max(len(s.tokens), 1) for s in samples]), mask=mask,
         rollout_logprobs=rollout * mask,
         rewards=torch.tensor([float(s.reward) for s in samples]),
         groups=group_index([s.group_id for s in samples]), samples=list(samples),

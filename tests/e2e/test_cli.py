@@ -110,8 +110,8 @@ def test_eval_command_writes_summary_and_episodes(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "success rate" in result.stdout and "pass@2" in result.stdout
-    summary = json.loads(out.read_text())
-    assert summary["success_rate"] == 1.0 and summary["n_episodes"] == 20
+    metrics = json.loads(out.read_text())["sets"]["calc"]
+    assert metrics["success_rate"] == 1.0 and metrics["n_samples"] == 20
     assert (tmp_path / "calc.episodes.jsonl").read_text().count("\n") == 20
     bad = _agentrl(["eval", "--env", "calc", "--policy", "nope"], tmp_path, tmp_path)
     assert bad.returncode == 2 and "invalid choice: 'nope'" in bad.stderr
@@ -123,11 +123,12 @@ def test_eval_with_a_model_policy(tmp_path):
     result = _agentrl(
         ["eval", "--env", "calc", "--limit", "3", "--n-samples", "2", "--policy", "model",
          "--max-response-len", "24", "--output", str(out)], tmp_path, tmp_path,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads(out.read_text())
-    assert summary["n_episodes"] == 6 and summary["policy"] == "model:tiny"
-    assert summary["failed_episodes"] == 0
+    metrics = summary["sets"]["calc"]
+    assert metrics["n_samples"] == 6 and summary["policy"] == "model:tiny"
+    assert metrics["failed"] == 0 and metrics["time_per_episode_s"]["policy"] > 0
     episodes = [json.loads(line) for line in (tmp_path / "model.episodes.jsonl").read_text().splitlines()]
-    assert all(e["turns"] >= 1 and e["policy_s"] > 0 for e in episodes)
+    assert all(e["turns"] >= 1 and e["messages"] for e in episodes)
     assert {e["task_id"] for e in episodes} and all(e["sample"] in (0, 1) for e in episodes)

@@ -11,7 +11,7 @@ from agentrl.errors import EngineError
 from agentrl.models import build_tiny_model
 from agentrl.orchestration.cluster import ClusterConfig, start_ray
 from agentrl.orchestration.engines import launch_engines
-from agentrl.rollout import RolloutRunner, load_data_source, make_rollout_context
+from agentrl.rollout import RolloutRunner, env_factory, load_data_source, make_rollout_context
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.engine.base import SamplingParams
 from agentrl.rollout.engine.embedded import EmbeddedEngine
@@ -90,8 +90,8 @@ def test_engine_killed_mid_rollout_is_restarted_and_every_sample_is_present_once
             await group.update_weights(path=str(build_tiny_model()), version="3")
             args = RolloutConfig(env="calc", max_turns=3, rollout_batch_size=8, n_samples_per_prompt=4,
                                  rollout_max_response_len=48, rollout_concurrency=32)  # fmt: skip
-            ctx = make_rollout_context(args, group, group.tokenizer)
-            runner = RolloutRunner.from_args(ctx, load_data_source(args))
+            ctx = make_rollout_context(args, group, env_factory(args))
+            runner = RolloutRunner.from_context(ctx, load_data_source(args))
             rollout = asyncio.create_task(runner.generate(0))
             await wait_for(lambda: group.slots[0].inflight > 0)
             group.kill_engine(0)

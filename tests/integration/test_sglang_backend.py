@@ -180,7 +180,7 @@ def test_through_the_sglang_router():
 def test_a_server_killed_mid_rollout_loses_no_sample(through_router):
     """Episodes on a server that dies continue on the other (the router retries them, or the
     client fails over): every sample of the rollout is present once and none failed."""
-    from agentrl.rollout import RolloutRunner, load_data_source, make_rollout_context
+    from agentrl.rollout import RolloutRunner, env_factory, load_data_source, make_rollout_context
     from agentrl.rollout.config import RolloutConfig
     from agentrl.rollout.sample import Status
 
@@ -190,7 +190,7 @@ def test_a_server_killed_mid_rollout_loses_no_sample(through_router):
         try:
             args = RolloutConfig(env="calc", max_turns=3, rollout_batch_size=8, n_samples_per_prompt=4,
                                  rollout_max_response_len=64, rollout_concurrency=32)  # fmt: skip
-            runner = RolloutRunner.from_args(make_rollout_context(args, engine, engine.tokenizer),
+            runner = RolloutRunner.from_context(make_rollout_context(args, engine, env_factory(args)),
                                              load_data_source(args))  # fmt: skip
             rollout = asyncio.create_task(runner.generate(0))
             await asyncio.sleep(0.3)
@@ -222,7 +222,7 @@ def test_fault_tolerance_restarts_a_dead_server_with_the_latest_weights(tmp_path
 
     from agentrl.orchestration.cluster import ClusterConfig, start_ray
     from agentrl.orchestration.sglang_servers import launch_sglang
-    from agentrl.rollout import RolloutRunner, load_data_source, make_rollout_context
+    from agentrl.rollout import RolloutRunner, env_factory, load_data_source, make_rollout_context
     from agentrl.rollout.config import RolloutConfig
     from agentrl.rollout.sample import Status
 
@@ -235,7 +235,7 @@ def test_fault_tolerance_restarts_a_dead_server_with_the_latest_weights(tmp_path
         engine = await launch_sglang(args, cluster, build_tiny_model())
         try:
             await engine.update_weights(path=str(build_tiny_model()), version="5")
-            runner = RolloutRunner.from_args(make_rollout_context(args, engine, engine.tokenizer),
+            runner = RolloutRunner.from_context(make_rollout_context(args, engine, env_factory(args)),
                                              load_data_source(args))  # fmt: skip
             rollout = asyncio.create_task(runner.generate(0))
             await asyncio.sleep(0.3)

@@ -130,7 +130,7 @@ def test_default_prompt_is_unchanged():
 
 def test_env_kwarg_flag_reaches_the_env_and_shortens_samples():
     from agentrl.errors import ConfigError
-    from agentrl.rollout.build import make_rollout_context
+    from agentrl.rollout.build import env_factory, make_rollout_context
     from agentrl.rollout.config import RolloutConfig
     from agentrl.rollout.demonstrations import oracle_sample
     from agentrl.rollout.sample import Sample
@@ -145,8 +145,8 @@ def test_env_kwarg_flag_reaches_the_env_and_shortens_samples():
     lengths = []
     for flags in ([], ["compact=true"]):
         config = RolloutConfig(env="calc", env_kwarg=flags, rollout_max_context_len=1024)
-        ctx = make_rollout_context(config, base.engine, base.renderer.tokenizer)
-        assert ctx.env_factory().compact is bool(flags)
+        ctx = make_rollout_context(config, base.engine, env_factory(config))
+        assert ctx.envs().compact is bool(flags)
         sample = asyncio.run(oracle_sample(ctx, Sample(group_id=0, metadata={"seed": 3})))
         assert sample.reward == 1.0
         lengths.append(len(sample.tokens))

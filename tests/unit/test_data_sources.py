@@ -224,7 +224,7 @@ def test_bad_source_arguments(tmp_path):
 
 def test_streaming_reports_malformed_rows_once(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a"}, "oops", {"prompt": "b"}])
-    source = RolloutDataSource(make_args(prompt_data=str(path), streaming_data=True))
+    source = RolloutDataSource(make_args(prompt_data=str(path), streaming_data=True, n_samples_per_prompt=1))
     assert source.skipped_rows == []  # nothing read ahead at start-up beyond the first row
     assert prompts(source.get_samples(6)) == ["a", "b"] * 3
     assert [(r.line, r.reason[:14]) for r in source.skipped_rows] == [(2, "not valid JSON")]
@@ -271,7 +271,7 @@ def test_prefetch_threads_stop_on_close_and_when_the_source_is_dropped(tmp_path)
 
 
 def _peak_streaming_bytes(path: Path, n: int) -> int:
-    source = RolloutDataSource(make_args(prompt_data=str(path), streaming_data=True))
+    source = RolloutDataSource(make_args(prompt_data=str(path), streaming_data=True, n_samples_per_prompt=1))
     tracemalloc.start()
     try:
         for _ in range(n // 500):
@@ -529,3 +529,30 @@ def test_load_data_source_factory(tmp_path):
     bad.write_text("class NotASource:\n    def __init__(self, args):\n        pass\n")
     with pytest.raises(PluginError, match="has no get_samples, add_samples"):
         load_data_source(make_args(data_source_path=str(bad)))
+
+
+def test_an_env_row_the_env_cannot_prompt_from_is_reported_with_file_and_line(tmp_path, caplog):
+    """Regression: a calc row without the fields calc reads became a failed, token-less sample
+    that crashed the trainer; now it is a malformed row, reported like the others."""
+    rows = [{"question": "What is 1 + 1?", "expression": "1 + 1", "answer": 2},
+            {"text": "no question here"},
+            {"question": "What is 2 + 2?", "expression": "2 + 2", "answer": 4}]
+    path = write_jsonl(tmp_path / "tasks.jsonl", rows)
+    with caplog.at_level(logging.WARNING):
+        source = RolloutDataSource(make_args(prompt_data=str(path), env="calc", n_samples_per_prompt=1))
+        groups = source.get_samples(2)
+    assert [g[0].metadata["task"]["answer"] for g in groups] == [2, 4]
+    (skipped,) = source.skipped_rows
+    assert (skipped.file, skipped.line) == (str(path), 2)
+    assert "--env calc cannot build a prompt from this row" in skipped.reason
+    assert "KeyError" in skipped.reason and f"{path}:2" in caplog.text
+    source.close()
+
+
+def test_seeds_of_two_splits_never_coincide():
+    from agentrl.rollout.data import env_seed
+
+    train = {env_seed(7, "train", k) for k in range(5000)}
+    test = {env_seed(7, "test", k) for k in range(5000)}
+    assert len(train) == len(test) == 5000 and not train & test
+    assert env_seed(7, "train", 0) != env_seed(8, "train", 0)

@@ -1,14 +1,14 @@
-"""Custom generate (the brief's example) and custom reward models, through the rollout runner."""
+"""Custom generate (slime's example) and custom reward models, through the rollout runner."""
 
 from __future__ import annotations
 
 import asyncio
-import types
 from pathlib import Path
 
 import pytest
 
 from agentrl.errors import PluginError
+from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.custom import load_custom_generate, run_custom_generate
 from agentrl.rollout.episode import Episode
 from agentrl.rollout.rewards import apply_custom_rewards, load_reward_model
@@ -19,8 +19,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def args(**kw):
-    base = {"max_turns": 5, "custom_rm_path": None, "rm_model_path": None}
-    return types.SimpleNamespace(**{**base, **kw})
+    return RolloutConfig(**{"env": "calc", "max_turns": 5, **kw})
 
 
 def run_brief(ctx, samples):
@@ -30,12 +29,12 @@ def run_brief(ctx, samples):
 
 def test_brief_custom_generate_gives_the_same_tokens_as_the_env_runner():
     ctx = make_ctx()
-    ctx.args = args()
+    ctx.config = args()
     custom = run_brief(ctx, [Sample(group_id=0, prompt=_calc_prompt(), metadata={"task": TASK})])[0]
     assert custom.status is Status.COMPLETED and custom.reward == 1.0
     check_token_exact(ctx, custom, ctx.engine)
     reference = asyncio.run(Episode(make_ctx(), Sample(group_id=0, metadata={"task": TASK}), "e").run())
-    # same policy, same env: identical tokens, masks and spans (the tool message in the brief has
+    # same policy, same env: identical tokens, masks and spans (the tool message in slime's loop has
     # no "name", which this template does not render)
     assert custom.tokens == reference.tokens
     assert custom.loss_mask == reference.loss_mask
@@ -55,7 +54,7 @@ def _calc_prompt():
 
 def test_brief_loop_out_of_turns_is_truncated():
     ctx = make_ctx(lambda text, rid: calc_policy("What is 2 + 2?", rid))
-    ctx.args = args(max_turns=2)
+    ctx.config = args(max_turns=2)
     sample = run_brief(ctx, [Sample(group_id=0, prompt=_calc_prompt(), metadata={"task": TASK})])[0]
     assert sample.status is Status.TRUNCATED and sample.metadata["finish"] == "max_turns"
     assert sample.reward == 0.0 and sample.metadata["turns"] == 2
@@ -67,11 +66,11 @@ def test_custom_generate_crash_fails_its_samples(tmp_path):
     path.write_text("async def custom_generate(args, samples, evaluation=False):\n"
                     "    raise KeyError('boom')\n")
     ctx = make_ctx()
-    ctx.args = args()
+    ctx.config = args()
     fn = load_custom_generate(str(path))
     samples = asyncio.run(run_custom_generate(fn, ctx, [Sample(group_id=0, prompt="hi")], "r"))
     assert samples[0].status is Status.FAILED
-    assert "custom_generate: KeyError: 'boom'" == samples[0].metadata["error"]
+    assert samples[0].metadata["error"] == "PluginError: custom_generate: KeyError: 'boom'"
 
 
 def test_custom_generate_must_be_async(tmp_path):

@@ -10,6 +10,8 @@ import pytest
 
 import agentrl
 from agentrl.chat import ChatRenderer
+from agentrl.env.factory import EnvFactory
+from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.engine.base import SamplingParams
 from agentrl.rollout.episode import Episode, RolloutContext
 from agentrl.rollout.sample import Sample, Status
@@ -31,15 +33,14 @@ def calc_policy(text: str, rid: str) -> str:
 
 
 def make_ctx(policy=calc_policy, *, max_context_len=2048, max_new_tokens=256, env="calc",
-             env_kwargs=None, engine=None):  # fmt: skip
+             env_kwargs=None, engine=None):
     tok = tiny_tokenizer()
     renderer = ChatRenderer(tok, "hermes")
     engine = engine or ScriptedEngine(tok, policy)
-    factory = None
-    if env is not None:
-        factory = lambda: agentrl.make_env(env, **(env_kwargs or {}))  # noqa: E731
+    factory = EnvFactory(env, env_kwargs=env_kwargs) if env is not None else None
     sampling = SamplingParams(max_new_tokens=max_new_tokens)
-    return RolloutContext(None, engine, renderer, sampling, max_context_len, factory)
+    config = RolloutConfig(env=env, max_turns=factory.info.max_turns if factory else 1)
+    return RolloutContext(config, engine, renderer, sampling, max_context_len, factory)
 
 
 def play(ctx, sample, rid="ep0"):
@@ -106,7 +107,7 @@ def test_length_finish_truncates():
 def test_max_new_tokens_shrinks_to_the_context_budget():
     probe = Sample(group_id=0, metadata={"task": TASK})
     ctx = make_ctx()
-    asyncio.run(Episode(ctx, probe, "p")._start())
+    asyncio.run(Episode(ctx, probe, "p").start())
     budget = len(probe.tokens) + 7
     ctx = make_ctx(max_context_len=budget)
     sample = play(ctx, Sample(group_id=0, metadata={"task": TASK}))
@@ -139,7 +140,7 @@ def test_overlong_tool_output_is_cut_to_fit_and_says_so():
         return '<tool_call>\n{"name": "dump", "arguments": {"n": 400}}\n</tool_call>'
 
     ctx = make_ctx(policy, max_context_len=400)
-    ctx.env_factory = lambda: DumpEnv()
+    ctx.envs = lambda: DumpEnv()
     sample = play(ctx, Sample(group_id=0, metadata={"task": {}}))
     assert sample.status is Status.COMPLETED, sample.metadata
     assert len(sample.tokens) <= 400
@@ -161,7 +162,7 @@ def test_env_crash_fails_the_sample_with_the_reason():
             raise RuntimeError("grader exploded")
 
     ctx = make_ctx(lambda text, rid: "an answer")
-    ctx.env_factory = Broken
+    ctx.envs = Broken
     sample = play(ctx, Sample(group_id=0, metadata={"task": {}}))
     assert sample.status is Status.FAILED and sample.reward == 0.0
     assert sample.metadata["error"] == "RuntimeError: grader exploded"

@@ -27,9 +27,9 @@ def setup(tmp_path, policy=calc_policy, delay=0.0, **flags):
     config = RolloutConfig(env="calc", prompt_data=str(data), **flags)
     config.validate()
     ctx = make_ctx(engine=ScriptedEngine(tiny_tokenizer(), policy, delay_s=delay))
-    ctx.args = config
+    ctx.config = config
     source = RolloutDataSourceWithBuffer(config)
-    return RolloutRunner.from_args(ctx, source), source
+    return RolloutRunner.from_context(ctx, source), source
 
 
 def wrong_for_odd_samples(text, rid):

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import agentrl
 from agentrl.chat import CHATML_HERMES_TEMPLATE, ChatRenderer
+from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.engine.base import Engine, GenerateOutput, SamplingParams
 from agentrl.rollout.episode import Episode, RolloutContext
 from agentrl.rollout.sample import Sample, Status
@@ -165,7 +166,7 @@ def test_tokens_are_prompt_plus_sampled_plus_deltas(renderer, script, max_turns,
     script = [dataclasses.replace(t, content=garbage_text(fmt)) if t.garbage else t for t in script]
     tools = EchoEnv().toolbox.schemas
     engine = ScriptEngine(renderer, script, tools)
-    ctx = RolloutContext(None, engine, renderer, SamplingParams(max_new_tokens=max_new_tokens), context,
+    ctx = RolloutContext(RolloutConfig(max_turns=max_turns), engine, renderer, SamplingParams(max_new_tokens=max_new_tokens), context,
                          lambda: EchoEnv(max_turns=max_turns, tool_call_format=fmt))  # fmt: skip
     episode = Episode(ctx, Sample(group_id=0, metadata={"task": {"q": question}}), "p")
     sample = asyncio.run(episode.run())

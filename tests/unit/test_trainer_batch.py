@@ -7,7 +7,7 @@ import pytest
 from agentrl.errors import ConfigError
 from agentrl.rollout.sample import Sample, Status, Turn
 from agentrl.trainer.batch import build_batch, micro_batches
-from agentrl.trainer.config import TrainerConfig, steps_per_rollout
+from agentrl.trainer.config import TrainerConfig, batch_shape
 
 
 def sample(group, prompt, response, mask, reward=1.0):
@@ -58,18 +58,23 @@ def test_micro_batches_fixed_and_token_budget():
 
 
 def test_batch_equation_names_the_flag():
-    config = TrainerConfig()
-    assert steps_per_rollout(config, 8, 4) == 1 and config.global_batch_size == 32
-    config = TrainerConfig(global_batch_size=8)
-    assert steps_per_rollout(config, 8, 4) == 4
-    config = TrainerConfig(num_steps_per_rollout=2)
-    assert steps_per_rollout(config, 8, 4) == 2 and config.global_batch_size == 16
+    assert batch_shape(TrainerConfig(), 32) == (32, 1)
+    assert batch_shape(TrainerConfig(global_batch_size=8), 32) == (8, 4)
+    assert batch_shape(TrainerConfig(num_steps_per_rollout=2), 32) == (16, 2)
     with pytest.raises(ConfigError, match="--global-batch-size 12"):
-        steps_per_rollout(TrainerConfig(global_batch_size=12), 8, 4)
+        batch_shape(TrainerConfig(global_batch_size=12), 32)
     with pytest.raises(ConfigError, match="drop --num-steps-per-rollout"):
-        steps_per_rollout(TrainerConfig(global_batch_size=8, num_steps_per_rollout=2), 8, 4)
+        batch_shape(TrainerConfig(global_batch_size=8, num_steps_per_rollout=2), 32)
     with pytest.raises(ConfigError, match="--micro-batch-size 3"):
-        steps_per_rollout(TrainerConfig(micro_batch_size=3), 8, 4)
+        batch_shape(TrainerConfig(micro_batch_size=3), 32)
+
+
+def test_a_failed_sample_without_tokens_is_one_padding_token_without_loss():
+    """Regression: a sample that failed before its prompt was rendered has no tokens; a
+    micro-batch of such samples had no shape and crashed the Megatron step."""
+    failed = Sample(group_id=0, index=1, reward=0.0, status=Status.FAILED)
+    batch = build_batch([failed, sample(0, [5, 6], [7, 8, 9], [1, 1, 0])])
+    assert batch.lengths.tolist()[0] == 1 and batch.mask[0].sum() == 0
 
 
 @pytest.mark.parametrize("changes,match", [

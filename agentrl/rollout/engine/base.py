@@ -199,7 +199,16 @@ class Engine(abc.ABC):
 
     All methods are coroutines and safe to call concurrently from one event loop. Requests that
     arrive while others decode are batched with them (continuous batching).
+
+    Attributes:
+        tokenizer: The served model's Hugging Face tokenizer (``None`` when the engine was
+            given none): episodes render chat templates with it.
+        max_context_len: Prompt + response tokens one request may hold (``None`` until the
+            engine knows it, e.g. before a server answered).
     """
+
+    tokenizer: Any = None
+    max_context_len: int | None = None
 
     @abc.abstractmethod
     async def generate(
@@ -258,6 +267,11 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def weight_version(self) -> str:
         """The version of the weights currently served."""
+
+    async def release_memory(self) -> None:
+        """Frees memory a colocated trainer needs (the KV cache) until the next request or
+        weight update brings it back. Default: nothing to free."""
+        return None
 
     @abc.abstractmethod
     async def close(self) -> None:

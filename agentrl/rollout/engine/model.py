@@ -20,7 +20,6 @@ unused tail.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,11 +28,17 @@ import torch
 import torch.nn.functional as F
 
 from agentrl.errors import EngineError
-from agentrl.models.hf_config import architecture, check_supported, read_safetensors
+from agentrl.models.hf_config import (
+    EMBEDDED_MODEL_TYPES,
+    architecture,
+    check_supported,
+    read_config,
+    read_safetensors,
+)
 
 __all__ = ["DecoderConfig", "DecoderModel", "KVCache", "read_checkpoint"]
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+SUPPORTED_MODEL_TYPES = EMBEDDED_MODEL_TYPES
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 """Buffers some older checkpoints saved; they are recomputed from the config, so skipped."""
 
@@ -261,10 +266,7 @@ class DecoderModel:
     ) -> DecoderModel:
         """Loads ``config.json`` and the safetensors weights (sharded or not) of a directory."""
         root = Path(path)
-        config_file = root / "config.json"
-        if not config_file.is_file():
-            raise EngineError(f"{root} has no config.json")
-        config = DecoderConfig.from_hf(json.loads(config_file.read_text()))
+        config = DecoderConfig.from_hf(read_config(root, EngineError))
         return cls.from_state_dict(config, read_checkpoint(root), device=device)
 
     @classmethod

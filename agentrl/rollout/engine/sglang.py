@@ -140,9 +140,6 @@ class SGLangEngine(Engine):
         """The directory of the latest ``update_weights(path=...)`` (a restarted server loads it)."""
         self.servers: Any = None
         """Whoever started the servers (they stop when this engine closes), if not the caller."""
-        self.weight_group_name: str | None = None
-        """The weight-broadcast group the servers joined (``--weight-sync broadcast``)."""
-        self.weight_metadata: dict[str, list[Any]] | None = None
         self.down: set[str] = set()
         """Workers found unreachable (skipped until :meth:`readmit`)."""
         self._released = False
