@@ -32,7 +32,7 @@ system: setup
 # `auto` sandbox) - under 10 minutes on 2 cores.
 demo: setup
 	scripts/setup-system.sh --bwrap-only
-	$(PY) train.py --env swe-tools --max-turns 5 --output-dir runs/demo
+	$(PY) train.py --env swe-tools --max-turns 5 --output-dir runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 test: setup system
 	scripts/fetch-sglang-contract.sh

@@ -1,8 +1,10 @@
 """Policy, value, entropy and KL loss terms over the ``[B, T]`` response-token layout.
 
 Every loss is per-token first, then reduced by :func:`~agentrl.algorithms.batching.aggregate`
-with an explicit mode (default ``token_mean``); mask-0 tokens never count. Metrics are detached
-0-d tensors reduced the same way, so the trainer can all-reduce them before logging.
+with an explicit mode; mask-0 tokens never count. The policy loss's default mode depends on its
+ratio (:func:`default_aggregation`): ``token_mean`` for the token ratio (PPO, GRPO),
+``seq_mean_token_mean`` for GSPO's sequence ratio. Metrics are detached 0-d tensors reduced the
+same way, so the trainer can all-reduce them before logging.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from agentrl.algorithms.kl import kl_estimate
 __all__ = [
     "AGGREGATIONS",
     "aggregate",
+    "default_aggregation",
     "entropy_bonus",
     "entropy_from_logits",
     "masked_mean",
@@ -28,6 +31,21 @@ __all__ = [
 RATIO_KINDS = ("token", "sequence")
 
 Metrics = dict[str, torch.Tensor]
+
+
+def default_aggregation(ratio: str) -> str:
+    """The policy loss's aggregation when none is chosen, by importance ratio kind.
+
+    GSPO (``ratio="sequence"``) defines its objective as a mean over sequences of per-sequence
+    terms, so each sequence weighs the same whatever its length: ``seq_mean_token_mean``. The
+    token ratio (PPO, GRPO) averages over tokens: ``token_mean``.
+
+    Raises:
+        ValueError: Unknown ratio kind.
+    """
+    if ratio not in RATIO_KINDS:
+        raise ValueError(f"unknown ratio {ratio!r}; choose one of {', '.join(RATIO_KINDS)}")
+    return "seq_mean_token_mean" if ratio == "sequence" else "token_mean"
 
 
 def _check_shapes(mask: torch.Tensor, **tensors: torch.Tensor | None) -> None:
@@ -49,7 +67,7 @@ def policy_loss(
     eps_clip_c: float | None = None,
     ratio: str = "token",
     tis_weights: torch.Tensor | None = None,
-    aggregation: str = "token_mean",
+    aggregation: str | None = None,
     denominator: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """Clipped surrogate (PPO, Schulman et al., 2017) with DAPO's asymmetric clip, dual clip and
@@ -72,8 +90,10 @@ def policy_loss(
         eps_clip_c: Dual-clip constant ``--eps-clip-c`` (> 1); ``None`` disables it.
         ratio: ``token`` (PPO/GRPO) or ``sequence`` (GSPO).
         tis_weights: ``[B, T]`` truncated importance weights (see :func:`tis_weights`).
-        aggregation: See :func:`~agentrl.algorithms.batching.aggregate`.
-        denominator: Global count for gradient accumulation (see ``aggregate``).
+        aggregation: See :func:`~agentrl.algorithms.batching.aggregate`; ``None``:
+            :func:`default_aggregation` of ``ratio``.
+        denominator: Global count for gradient accumulation (see ``aggregate``); with
+            ``aggregation=None`` it must count what the resolved mode divides by.
 
     Returns:
         ``(loss, metrics)``; metrics: ``pg_loss``, ``clip_fraction`` (share of tokens where the
@@ -95,6 +115,8 @@ def policy_loss(
         raise ValueError(f"--eps-clip-c must be > 1, got {eps_clip_c}")
     if ratio not in RATIO_KINDS:
         raise ValueError(f"unknown ratio {ratio!r}; choose one of {', '.join(RATIO_KINDS)}")
+    if aggregation is None:
+        aggregation = default_aggregation(ratio)
 
     advantages = advantages.detach()
     token_log_ratio = logp - old_logp.detach()  # [B, T]
@@ -180,8 +202,7 @@ def value_loss(
 ) -> tuple[torch.Tensor, Metrics]:
     """Clipped critic loss: ``0.5 * max((clip(V, V_old +- c) - R)^2, (V - R)^2)``.
 
-    rl-semantics.md (ppo); the 0.5 factor IS applied, so the gradient of the unclipped branch is
-    ``V - R``.
+    The 0.5 factor IS applied, so the gradient of the unclipped branch is ``V - R``.
 
     Args:
         values: ``[B, T]`` current values (with gradient).
@@ -279,13 +300,13 @@ def total_loss(
     eps_clip_c: float | None = None,
     ratio: str = "token",
     tis_weights: torch.Tensor | None = None,
-    aggregation: str = "token_mean",
+    aggregation: str | None = None,
     denominator: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """Actor loss: ``pg - entropy_coef * H + kl_loss_coef * KL(logp, ref_logp)``.
 
-    rl-semantics.md, "Policy loss". KL-as-loss is ``--use-kl-loss`` / ``--kl-loss-coef`` /
-    ``--kl-loss-type``; KL-in-reward instead goes to the advantage estimators (``kl=``).
+    KL-as-loss is ``--use-kl-loss`` / ``--kl-loss-coef`` / ``--kl-loss-type``; KL-in-reward
+    instead goes to the advantage estimators (``kl=``).
 
     Args:
         logp, old_logp, advantages, mask: As :func:`policy_loss`.
@@ -297,7 +318,7 @@ def total_loss(
         kl_loss_coef: ``--kl-loss-coef``.
         kl_loss_type: ``--kl-loss-type`` (see :func:`~agentrl.algorithms.kl.kl_estimate`).
         eps_clip, eps_clip_high, eps_clip_c, ratio, tis_weights: As :func:`policy_loss`.
-        aggregation: Used for every term.
+        aggregation: Used for every term; ``None``: :func:`default_aggregation` of ``ratio``.
         denominator: Global count for gradient accumulation.
 
     Returns:
@@ -314,6 +335,8 @@ def total_loss(
             "--use-kl-loss / --kl-loss-coef is set but no reference log-probs were given"
         )
     _check_shapes(mask, entropy=entropy, ref_logp=ref_logp)
+    if aggregation is None:
+        aggregation = default_aggregation(ratio)
     loss, metrics = policy_loss(
         logp, old_logp, advantages, mask,
         eps_clip=eps_clip, eps_clip_high=eps_clip_high, eps_clip_c=eps_clip_c, ratio=ratio,

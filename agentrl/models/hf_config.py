@@ -10,7 +10,34 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["architecture", "check_supported", "read_safetensors", "rope_theta"]
+__all__ = ["EMBEDDED_MODEL_TYPES", "architecture", "check_supported", "read_config", "read_safetensors",
+           "rope_theta"]
+
+EMBEDDED_MODEL_TYPES = ("qwen2", "llama")
+"""Model types the embedded engine serves (the Megatron trainer also trains ``qwen3``, whose
+per-head query/key norms the embedded engine does not implement: serve those with SGLang)."""
+
+
+def read_config(source: str | Path, error: type[Exception]) -> dict[str, Any]:
+    """A model directory's ``config.json`` (or that file itself) as a dict.
+
+    Raises:
+        error: The file is missing, is not JSON (a truncated download, say) or is not a JSON
+            object; the message names the file.
+    """
+    path = Path(source)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise error(f"no Hugging Face config at {path}: a model directory holds a config.json")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise error(f"{path} is not valid JSON ({exc}); re-download or re-export the "
+                    "model") from exc
+    if not isinstance(raw, dict):
+        raise error(f"{path} holds a JSON {type(raw).__name__}, not an object of config fields")
+    return raw
 
 
 def check_supported(raw: Mapping[str, Any], supported: tuple[str, ...], who: str,

@@ -1,11 +1,12 @@
 """Ray placement of the trainer: one Ray actor per Megatron rank, in a placement group.
 
-``TrainerGroup`` is what the training loop talks to; it has the :class:`MegatronActor` methods
-the loop needs (``train``, ``hf_state_dict``, ``save_checkpoint``, ``load_checkpoint``,
-``save_hf``) and runs each on every rank at once (they are collectives over the model-parallel
-group), returning rank 0's answer. Ranks rendezvous over torch.distributed at rank 0's node
-address. On a machine without GPUs every rank gets a ``{"CPU": 1}`` bundle; with GPUs, one GPU
-(and ``--cpus-per-rank`` CPUs). Ray starts locally unless ``--ray-address`` names a cluster.
+``TrainerGroup`` is what the training loop talks to; like :class:`MegatronActor` it is a
+:class:`~agentrl.trainer.protocol.Trainer` (``train``, ``hf_state_dict``, ``save_checkpoint``,
+``load_checkpoint``, ``save_hf``, the weight-broadcast methods) and runs each on every rank at
+once (they are collectives over the model-parallel group), returning rank 0's answer. Ranks
+rendezvous over torch.distributed at rank 0's node address. On a machine without GPUs every
+rank gets a ``{"CPU": 1}`` bundle; with GPUs, one GPU (and ``--cpus-per-rank`` CPUs). Ray starts
+locally unless ``--ray-address`` names a cluster.
 """
 
 from __future__ import annotations
@@ -13,11 +14,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.config import flag, option
 from agentrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from agentrl.rollout.sample import Sample
+    from agentrl.trainer.config import TrainerConfig
 
 __all__ = ["RAY_NAMESPACE", "ClusterConfig", "TrainerGroup", "start_ray"]
 
@@ -25,9 +31,9 @@ RAY_NAMESPACE = "agentrl"
 """The Ray namespace of a run's named actors (engines: ``agentrl-engine-<driver pid>-<i>.<n>``)."""
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class ClusterConfig:
-    """Where things run (flags as in the brief)."""
+    """Where things run: the trainer's ranks and the engines' devices."""
 
     use_ray: bool = option(True, "place the trainer ranks as Ray actors (--no-use-ray: all in "
                            "this process, one rank)")
@@ -67,15 +73,13 @@ class ClusterConfig:
         gpus = self.rollout_num_gpus or self.world_size  # --colocate without a count
         return gpus // self.rollout_num_gpus_per_engine
 
-    def validate(self, tensor_parallel: int = 1) -> None:
-        """Raises ConfigError naming the flag when the ranks cannot host the model parallelism."""
+    def validate(self) -> None:
+        """Raises ConfigError naming the flag when the placement flags contradict each other
+        (checks that also read other configs are in
+        :func:`agentrl.orchestration.validation.validate_together`)."""
         for name in ("actor_num_nodes", "actor_num_gpus_per_node", "cpus_per_rank"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{flag(name)} must be >= 1, got {getattr(self, name)}")
-        if self.world_size % tensor_parallel:
-            raise ConfigError(
-                f"--actor-num-nodes x --actor-num-gpus-per-node = {self.world_size} ranks are not a "
-                f"multiple of --tensor-model-parallel-size {tensor_parallel}")
         if not self.use_ray and self.world_size > 1:
             raise ConfigError("--no-use-ray runs one trainer rank in this process: drop it, or use "
                               "--actor-num-nodes 1 --actor-num-gpus-per-node 1")
@@ -131,9 +135,9 @@ class _TrainerRank:
             return ray.util.get_node_ip_address(), int(sock.getsockname()[1])
 
     def setup(self, rank: int, world_size: int, master: tuple[str, int], threads: int,
-              kwargs: dict[str, Any]) -> int:  # fmt: skip
+              kwargs: dict[str, Any]) -> int:
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR=master[0],
-                          MASTER_PORT=str(master[1]), LOCAL_RANK="0")  # fmt: skip
+                          MASTER_PORT=str(master[1]), LOCAL_RANK="0")
         import torch
 
         from agentrl.trainer.actor import MegatronActor
@@ -155,12 +159,13 @@ class TrainerGroup:
 
     Args:
         cluster: Placement flags.
-        trainer_config: The trainer's flags (``dataclasses.asdict``-able).
+        trainer_config: The trainer's flags (sent to every rank as a dict, rebuilt there).
         **actor_kwargs: Passed to every rank's :class:`~agentrl.trainer.actor.MegatronActor`
             (``hf_checkpoint``, ``rollout_temperature``, ``total_steps``, ``pad_id``).
     """
 
-    def __init__(self, cluster: ClusterConfig, trainer_config: Any, **actor_kwargs: Any) -> None:
+    def __init__(self, cluster: ClusterConfig, trainer_config: TrainerConfig,
+                 **actor_kwargs: Any) -> None:
         import ray
         import torch
         from ray.util.placement_group import placement_group
@@ -171,7 +176,7 @@ class TrainerGroup:
         bundle = {"CPU": cluster.cpus_per_rank, **({"GPU": gpus} if gpus else {})}
         share = 0.5 if cluster.colocate else 1.0  # colocated: an engine takes the other half
         self.placement = placement_group([dict(bundle) for _ in range(cluster.world_size)],
-                                         strategy="PACK")  # fmt: skip
+                                         strategy="PACK")
         ray.get(self.placement.ready(), timeout=300)
         remote = ray.remote(_TrainerRank)
         self.ranks = [
@@ -181,24 +186,24 @@ class TrainerGroup:
                     placement_group=self.placement, placement_group_bundle_index=rank),
             ).remote()
             for rank in range(cluster.world_size)
-        ]  # fmt: skip
+        ]
         master = ray.get(self.ranks[0].address.remote())
         kwargs = {k: str(v) if isinstance(v, Path) else v for k, v in actor_kwargs.items()}
         kwargs["config"] = dataclasses.asdict(trainer_config)
         threads = max(1, cluster.cpus_per_rank)
         ray.get([r.setup.remote(i, cluster.world_size, master, threads, dict(kwargs))
-                 for i, r in enumerate(self.ranks)])  # fmt: skip
+                 for i, r in enumerate(self.ranks)])
 
     def _all(self, method: str, *args: Any, **kwargs: Any) -> Any:
         import ray
 
         return ray.get([r.call.remote(method, *args, **kwargs) for r in self.ranks])[0]
 
-    def train(self, samples: list[Any]) -> dict[str, float]:
+    def train(self, samples: Sequence[Sample]) -> dict[str, float]:
         """Every rank trains on the same samples; rank 0's metrics."""
         import ray
 
-        return self._all("train", ray.put(samples))
+        return self._all("train", ray.put(list(samples)))
 
     def hf_state_dict(self) -> dict[str, Any]:
         return self._all("hf_state_dict")
@@ -219,8 +224,10 @@ class TrainerGroup:
 
         return ray.get(self.ranks[0].address.remote())
 
-    def open_weight_group(self, *args: Any) -> None:
-        self._all("open_weight_group", *args)
+    def open_weight_group(self, master_address: str, master_port: int, world_size: int,
+                          group_name: str, backend: str) -> None:
+        self._all("open_weight_group", master_address, master_port, world_size, group_name,
+                  backend)
 
     def weight_metadata(self) -> dict[str, list[Any]]:
         return self._all("weight_metadata")
@@ -228,8 +235,9 @@ class TrainerGroup:
     def broadcast_weights(self) -> None:
         self._all("broadcast_weights")
 
-    def save_checkpoint(self, directory: str | Path, extra: dict[str, Any] | None = None) -> None:
-        self._all("save_checkpoint", str(directory), extra)
+    def save_checkpoint(self, directory: str | Path,
+                        extra: Mapping[str, Any] | None = None) -> None:
+        self._all("save_checkpoint", str(directory), dict(extra or {}))
 
     def load_checkpoint(self, directory: str | Path) -> dict[str, Any]:
         return self._all("load_checkpoint", str(directory))

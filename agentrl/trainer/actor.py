@@ -479,8 +479,17 @@ class MegatronActor:
         dist_checkpointing.save(state, str(directory))
 
     def load_checkpoint(self, directory: str | Path) -> dict[str, Any]:
-        """Restores what :meth:`save_checkpoint` saved; returns its ``extra``."""
+        """Restores what :meth:`save_checkpoint` saved; returns its ``extra``.
+
+        Raises:
+            ConfigError: The checkpoint cannot be read (a missing folder, a truncated or
+                damaged file, or one saved for another model); names the folder.
+        """
+        import pickle
+
         from megatron.core import dist_checkpointing
+        from megatron.core.dist_checkpointing.core import CheckpointingException
+        from torch.distributed.checkpoint.api import CheckpointException
 
         model_state = self.model.sharded_state_dict()
         template = {
@@ -492,7 +501,23 @@ class MegatronActor:
             template["critic"] = critic_state
             template["critic_optimizer"] = self.critic_optimizer.sharded_state_dict(
                 critic_state, is_loading=True)
-        state = dist_checkpointing.load(template, str(directory))
+        # What a damaged checkpoint raises, by file: torch's CheckpointException (a
+        # BaseException) for *.distcp and .metadata, RuntimeError for common.pt, ValueError for
+        # metadata.json, CheckpointingException for a missing folder, EOFError / AssertionError
+        # / UnpicklingError for other truncations.
+        damaged = (CheckpointException, CheckpointingException, EOFError, AssertionError,
+                   OSError, RuntimeError, ValueError, KeyError, pickle.UnpicklingError)
+        try:
+            state = dist_checkpointing.load(template, str(directory))
+        except damaged as exc:
+            cause: BaseException = exc
+            if isinstance(exc, CheckpointException) and exc.failures:  # a rank's own error
+                cause = next(iter(exc.failures.values()))[0]
+            first_line = (str(cause).strip().splitlines() or [""])[0][:300]
+            raise ConfigError(
+                f"checkpoint {directory} cannot be loaded ({type(cause).__name__}: {first_line}): "
+                "it is damaged or was saved for another model; --load an earlier checkpoint"
+            ) from exc
         if self.critic is not None:
             # its keys carry the prefix that keeps them apart from the policy's in the checkpoint
             self.critic.load_state_dict({k.removeprefix("critic."): v

@@ -1,28 +1,47 @@
-"""``TrainerConfig``: every training flag, typed, with its meaning (names as in the brief and the
-reference system; the RL semantics are in ``reference/rl-semantics.md``)."""
+"""``TrainerConfig``: every training flag, typed, with its meaning.
+
+The config is frozen: what the flags determine together with other configs (the batch shape,
+from ``--rollout-batch-size`` x ``--n-samples-per-prompt``) is solved while the flags are parsed
+(:func:`batch_shape`, used by :func:`agentrl.orchestration.validation.validate_together`), and a
+new config carries the result; nothing writes a field afterwards.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 from agentrl.algorithms import AGGREGATIONS, ESTIMATORS, KL_KINDS
+from agentrl.algorithms.losses import default_aggregation
 from agentrl.config import flag, option
 from agentrl.errors import ConfigError
 
-__all__ = ["TrainerConfig", "steps_per_rollout"]
+__all__ = ["BatchShape", "TrainerConfig", "batch_shape"]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class TrainerConfig:
     """Trainer settings; each field is the flag of the same name (``--global-batch-size``, ...)."""
 
-    # model shape: define a model from scratch, or checked against --hf-checkpoint's config
+    # model shape: checked against --hf-checkpoint's config (see agentrl.trainer.model_flags);
+    # None means "not given"
     num_layers: int | None = option(None, "decoder layers")
     hidden_size: int | None = option(None, "residual width")
     ffn_hidden_size: int | None = option(None, "MLP width")
     num_attention_heads: int | None = option(None, "query heads")
     num_query_groups: int | None = option(None, "key/value heads (grouped-query attention)")
+    kv_channels: int | None = option(None, "width of one attention head")
+    vocab_size: int | None = option(None, "vocabulary size (before Megatron's padding)")
+    max_position_embeddings: int | None = option(None, "context length of the position encoding")
     seq_length: int | None = option(None, "longest sequence the model handles")
+    rotary_base: float | None = option(None, "rotary embedding base (rope_theta)")
+    norm_epsilon: float | None = option(None, "RMSNorm epsilon")
+    untie_embeddings_and_output_weights: bool | None = option(
+        None, "separate input embedding and output layer weights")
+    add_qkv_bias: bool | None = option(None, "biases on the query/key/value projections (Qwen2)")
+    qk_layernorm: bool | None = option(None, "RMSNorm on queries and keys (Qwen3)")
+    normalization: str | None = option(None, "the normalization layer (only RMSNorm is supported)")
+    swiglu: bool | None = option(None, "a SwiGLU MLP (the only one supported)")
     # parallelism and memory
     tensor_model_parallel_size: int = option(1, "tensor-parallel ranks")
     pipeline_model_parallel_size: int = option(1, "pipeline stages")
@@ -58,7 +77,7 @@ class TrainerConfig:
     eps_clip_c: float | None = option(None, "dual-clip constant c > 1 for negative advantages")
     entropy_coef: float = option(0.0, "entropy bonus coefficient")
     use_kl_loss: bool = option(False, "add a KL(policy || reference) loss")
-    kl_loss_coef: float = option(0.0, "its coefficient")
+    kl_loss_coef: float = option(0.0, "its coefficient (with --use-kl-loss)")
     kl_loss_type: str = option("k1", "k1 | k2 | k3 | low_var_kl")
     kl_coef: float = option(0.0, "KL penalty in the reward (ppo, reinforce_plus_plus)")
     gamma: float = option(1.0, "discount (ppo, reinforce_plus_plus)")
@@ -68,15 +87,27 @@ class TrainerConfig:
     use_tis: bool = option(False, "truncated importance sampling against rollout log-probs")
     tis_clip_low: float = option(0.0, "TIS weight floor")
     tis_clip: float = option(2.0, "TIS weight cap")
-    loss_aggregation: str = option("token_mean", "token_mean | seq_mean_token_mean | "
-                                   "seq_mean_token_sum")
+    loss_aggregation: str | None = option(
+        None, "token_mean (every token weighs the same) | seq_mean_token_mean (every sequence "
+        "weighs the same) | seq_mean_token_sum; unset: seq_mean_token_mean with "
+        "--advantage-estimator gspo (GSPO's loss averages per sequence, so a long sequence "
+        "counts as much as a short one), token_mean otherwise")
     # checkpoints
     save: str | None = option(None, "checkpoint folder (Megatron distributed checkpoint; default "
                               "<output-dir>/checkpoints)")
-    load: str | None = option(None, "checkpoint folder to resume from")
+    load: str | None = option(None, "checkpoint folder to resume from: a --save folder (its "
+                              "newest complete checkpoint) or one rollout_<n> folder in it")
     save_interval: int | None = option(None, "save every N rollouts (the last rollout is always "
                                        "saved)")
     save_hf: str | None = option(None, "folder for Hugging Face exports (with each checkpoint)")
+
+    def __post_init__(self) -> None:
+        if self.loss_aggregation is None:
+            # Part of construction: the unset default depends on the estimator. Frozen, so the
+            # one way to set it is object.__setattr__, before anyone can read the config.
+            gspo = self.advantage_estimator == "gspo" and self.loss_type == "policy_loss"
+            object.__setattr__(self, "loss_aggregation",
+                               default_aggregation("sequence" if gspo else "token"))
 
     def validate(self) -> None:
         """Raises ConfigError naming the first invalid flag and what to change."""
@@ -84,42 +115,94 @@ class TrainerConfig:
             "advantage_estimator": ESTIMATORS, "kl_loss_type": KL_KINDS,
             "loss_aggregation": AGGREGATIONS, "lr_decay_style": ("constant", "linear", "cosine"),
             "loss_type": ("policy_loss", "sft_loss"),
-        }  # fmt: skip
+        }
         for name, choices in checks.items():
             if getattr(self, name) not in choices:
                 raise ConfigError(f"{flag(name)} must be one of {', '.join(choices)}; "
                                   f"got {getattr(self, name)!r}")
-        for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-                     "micro_batch_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{flag(name)} must be >= 1, got {getattr(self, name)}")
+        self._check_ranges()
         if self.eps_clip_c is not None and self.eps_clip_c <= 1:
             raise ConfigError(f"--eps-clip-c must be > 1, got {self.eps_clip_c}")
+        if self.tis_clip_low > self.tis_clip:
+            raise ConfigError(f"--tis-clip-low {self.tis_clip_low} is above --tis-clip "
+                              f"{self.tis_clip}: the floor must not exceed the cap")
         if self.use_dynamic_batch_size and not self.max_tokens_per_gpu:
             raise ConfigError("--use-dynamic-batch-size needs --max-tokens-per-gpu N")
         if self.use_kl_loss and self.kl_loss_coef <= 0:
             raise ConfigError("--use-kl-loss needs --kl-loss-coef > 0")
+        if not self.use_kl_loss and self.kl_loss_coef != 0.0:
+            raise ConfigError(f"--kl-loss-coef {self.kl_loss_coef} has no effect without "
+                              "--use-kl-loss: add --use-kl-loss, or drop --kl-loss-coef")
         if self.kl_coef and self.advantage_estimator in ("grpo", "gspo"):
             raise ConfigError("--kl-coef (KL in the reward) is for ppo / reinforce_plus_plus; "
                               "with grpo/gspo use --use-kl-loss --kl-loss-coef")
-        if self.save_interval is not None and self.save_interval < 1:
-            raise ConfigError(f"--save-interval must be >= 1, got {self.save_interval}")
+
+    def _check_ranges(self) -> None:
+        """Numeric flags outside the values that mean something (they would otherwise fail
+        deep in the trainer: a division by zero, an index error, torch's own message)."""
+        at_least_one = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                        "micro_batch_size", "global_batch_size", "num_steps_per_rollout",
+                        "max_tokens_per_gpu", "lr_decay_iters", "save_interval", "num_layers",
+                        "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                        "num_query_groups", "kv_channels", "vocab_size",
+                        "max_position_embeddings", "seq_length")
+        for name in at_least_one:
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{flag(name)} must be >= 1, got {value}")
+        positive = ("lr", "critic_lr", "adam_eps", "value_clip", "rotary_base", "norm_epsilon")
+        for name in positive:
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"{flag(name)} must be > 0, got {value}")
+        non_negative = ("min_lr", "lr_warmup_iters", "weight_decay", "clip_grad", "eps_clip_high",
+                        "kl_loss_coef", "kl_coef", "tis_clip_low", "tis_clip")
+        for name in non_negative:
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ConfigError(f"{flag(name)} must be >= 0, got {value}")
+        unit = {"eps_clip": "[0, 1)", "adam_beta1": "[0, 1)", "adam_beta2": "[0, 1)",
+                "gamma": "[0, 1]", "lambd": "[0, 1]"}
+        for name, interval in unit.items():
+            value = getattr(self, name)
+            inside = 0 <= value <= 1 if interval.endswith("]") else 0 <= value < 1
+            if not inside:
+                raise ConfigError(f"{flag(name)} must be in {interval}, got {value}")
 
 
-def steps_per_rollout(config: TrainerConfig, rollout_batch_size: int, n_samples_per_prompt: int) -> int:
-    """Checks ``rollout_batch_size x n_samples_per_prompt = global_batch_size x steps``.
+class BatchShape(NamedTuple):
+    """How a rollout's samples split into optimizer steps."""
+
+    global_batch_size: int
+    """Samples per optimizer step."""
+    num_steps_per_rollout: int
+    """Optimizer steps per rollout."""
+
+
+def batch_shape(config: TrainerConfig, samples_per_rollout: int) -> BatchShape:
+    """Solves ``samples_per_rollout = global_batch_size x num_steps_per_rollout``.
 
     Give any two of (``--global-batch-size``, ``--num-steps-per-rollout``); with neither, one
-    step takes the whole rollout. Fills in the missing one on ``config``.
+    step takes the whole rollout. ``config`` is only read (its batch flags are >= 1 once it has
+    validated itself).
+
+    Args:
+        config: The trainer's flags.
+        samples_per_rollout: ``--rollout-batch-size x --n-samples-per-prompt``.
+
+    Returns:
+        Both values, the given ones unchanged.
 
     Raises:
-        ConfigError: The equation does not hold; says which flag to change.
+        ConfigError: The equation does not hold, or a step does not split into micro-batches;
+            says which flag to change.
     """
-    samples = rollout_batch_size * n_samples_per_prompt
+    samples = samples_per_rollout
     gbs, steps = config.global_batch_size, config.num_steps_per_rollout
     if gbs is None and steps is None:
         gbs, steps = samples, 1
     elif gbs is None:
+        assert steps is not None
         if samples % steps:
             raise ConfigError(
                 f"--rollout-batch-size x --n-samples-per-prompt = {samples} samples do not split "
@@ -140,5 +223,4 @@ def steps_per_rollout(config: TrainerConfig, rollout_batch_size: int, n_samples_
     if not config.use_dynamic_batch_size and gbs % config.micro_batch_size:
         raise ConfigError(f"--global-batch-size {gbs} is not a multiple of --micro-batch-size "
                           f"{config.micro_batch_size}")
-    config.global_batch_size, config.num_steps_per_rollout = gbs, steps
-    return steps
+    return BatchShape(gbs, steps)

@@ -59,7 +59,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from agentrl.errors import AgentRLError, ConfigError
-from agentrl.models.hf_config import architecture, check_supported, read_safetensors
+from agentrl.models.hf_config import architecture, check_supported, read_config, read_safetensors
 from agentrl.trainer.megatron_compat import apply_cpu_compat
 from agentrl.trainer.vocab_parallel import vocab_parallel_entropy, vocab_parallel_logprobs
 
@@ -188,12 +188,7 @@ def read_hf_config(source: Mapping[str, Any] | str | Path | Any) -> dict[str, An
     if isinstance(source, Mapping):
         return dict(source)
     if isinstance(source, str | Path):
-        path = Path(source)
-        if path.is_dir():
-            path = path / "config.json"
-        if not path.is_file():
-            raise ConfigError(f"no Hugging Face config at {path}")
-        return dict(json.loads(path.read_text()))
+        return read_config(source, ConfigError)
     if hasattr(source, "to_dict"):
         return dict(source.to_dict())
     raise TypeError(f"cannot read a Hugging Face config from {type(source).__name__}")
@@ -324,8 +319,9 @@ def build_gpt_model(
         post_process: Whether this stage has the final norm and output layer; defaults to
             "last pipeline stage".
         params_dtype: Parameter dtype.
-        make_vocab_size_divisible_by: Vocabulary padding multiple (``--make-vocab-size-
-            divisible-by``); must be the same when saving and loading Megatron checkpoints.
+        make_vocab_size_divisible_by: Vocabulary padding multiple (Megatron's
+            ``make_vocab_size_divisible_by``); must be the same when saving and loading Megatron
+            checkpoints.
         **config_overrides: Passed to :func:`transformer_config_from_hf`.
     """
     from megatron.core import parallel_state

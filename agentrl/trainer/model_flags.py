@@ -1,5 +1,6 @@
-"""The brief's model flags (``--num-layers``, ``--hidden-size``, ...): checked against a
-Hugging Face checkpoint's config, or, without a checkpoint, turned into one."""
+"""The Megatron-style model flags of :class:`~agentrl.trainer.config.TrainerConfig`
+(``--num-layers``, ``--hidden-size``, ...): checked against a Hugging Face checkpoint's config,
+or, without a checkpoint, turned into one."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from agentrl.config import flag
 from agentrl.errors import ConfigError
 from agentrl.trainer.hf_convert import ARCHITECTURES, HFModelSpec, read_hf_config
 
@@ -25,7 +27,7 @@ _NUMERIC_FLAGS: tuple[tuple[str, str, Callable[[HFModelSpec], Any]], ...] = (
     ("rotary_base", "rope_theta", lambda s: s.rope_theta),
     ("norm_epsilon", "rms_norm_eps", lambda s: s.rms_norm_eps),
 )
-"""(args attribute, HF field, value in the spec) of flags that must equal the checkpoint."""
+"""(TrainerConfig field, HF field, value in the spec) of flags that must equal the checkpoint."""
 
 _BOOL_FLAGS: tuple[tuple[str, Callable[[HFModelSpec], bool], Callable[[HFModelSpec], str]], ...] = (
     ("untie_embeddings_and_output_weights", lambda s: not s.tie_word_embeddings,
@@ -34,12 +36,8 @@ _BOOL_FLAGS: tuple[tuple[str, Callable[[HFModelSpec], bool], Callable[[HFModelSp
      lambda s: f"model_type = {s.model_type!r} ({'with' if s.qkv_bias else 'no'} q/k/v biases)"),
     ("qk_layernorm", lambda s: s.qk_norm,
      lambda s: f"model_type = {s.model_type!r} ({'with' if s.qk_norm else 'no'} q/k norms)"),
-)  # fmt: skip
-"""(args attribute, value the checkpoint implies, how to describe the checkpoint's setting)."""
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+)
+"""(TrainerConfig field, value the checkpoint implies, how to describe the checkpoint's setting)."""
 
 
 def _arg(args: Any, name: str) -> Any:
@@ -92,14 +90,14 @@ def check_model_flags(
         same = float(given) == float(expected) if isinstance(expected, float) else given == expected
         if not same:
             raise ConfigError(
-                f"{_flag(name)} is {given} but the checkpoint has {field} = {expected}; remove "
+                f"{flag(name)} is {given} but the checkpoint has {field} = {expected}; remove "
                 f"the flag or set it to {expected}"
             )
     for name, value_of, describe in _BOOL_FLAGS:
         given = _arg(args, name)
         if given is not None and bool(given) != value_of(spec):
             raise ConfigError(
-                f"{_flag(name)} is {bool(given)} but the checkpoint has {describe(spec)}; set "
+                f"{flag(name)} is {bool(given)} but the checkpoint has {describe(spec)}; set "
                 f"the flag to {value_of(spec)}"
             )
     seq_length = _arg(args, "seq_length")
@@ -114,7 +112,7 @@ def check_model_flags(
 def _config_from_flags(args: Any) -> dict[str, Any]:
     """A Hugging Face config dict from the Megatron model flags (no checkpoint)."""
     required = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size")
-    missing = [_flag(name) for name in required if _arg(args, name) is None]
+    missing = [flag(name) for name in required if _arg(args, name) is None]
     max_positions = _arg(args, "max_position_embeddings") or _arg(args, "seq_length")
     if max_positions is None:
         missing.append("--max-position-embeddings (or --seq-length)")

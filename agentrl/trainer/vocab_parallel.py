@@ -3,7 +3,7 @@
 Megatron's output layer is vocab-parallel: each TP rank holds logits for a contiguous slice of
 the (padded) vocabulary. The functions here compute ``log_softmax(logits / T)[target]`` and the
 entropy of ``softmax(logits / T)`` over the FULL real vocabulary from one rank's slice, with
-the reductions of rl-semantics ("Log-probs under tensor parallelism"): all-reduce MAX of the
+the vocabulary-parallel reductions: all-reduce MAX of the
 per-shard maxima, SUM of the exp-sums, and the target logit taken on the owning shard and
 SUM-reduced. Columns at or past ``vocab_size`` (Megatron's padding, see
 :func:`agentrl.trainer.hf_convert.padded_vocab_size`) are excluded.

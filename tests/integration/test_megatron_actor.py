@@ -1,5 +1,6 @@
 """MegatronActor on CPU: log-prob parity with the embedded engine on its own multi-turn samples,
-step-0 KL, the direction of a GRPO step, micro-batch invariance, checkpoints, and TP=2 == TP=1."""
+step-0 KL, the direction of a GRPO step, micro-batch invariance, checkpoints (and the fallback
+from a damaged one), and TP=2 == TP=1."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ import torch
 
 import agentrl
 from agentrl.chat import ChatRenderer
+from agentrl.errors import ConfigError
 from agentrl.models import build_tiny_model
+from agentrl.orchestration.checkpoints import checkpoint_folder, latest_checkpoint, mark_latest
+from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.engine import EmbeddedEngine, SamplingParams
 from agentrl.rollout.episode import Episode, RolloutContext
 from agentrl.rollout.sample import Sample
@@ -51,7 +55,7 @@ def samples() -> list[Sample]:
         try:
             fmt = EveryTurnCalls("look")
             ctx = RolloutContext(
-                None, FixedLengthTurns(engine), ChatRenderer(engine.tokenizer, fmt),
+                RolloutConfig(max_turns=3), FixedLengthTurns(engine), ChatRenderer(engine.tokenizer, fmt),
                 SamplingParams(max_new_tokens=10, temperature=TEMPERATURE), 512,
                 lambda: LookEnv(max_turns=3, tool_call_format=fmt))  # fmt: skip
             group = [Sample(group_id=g, index=i, metadata={"task": {"i": g}})
@@ -130,6 +134,29 @@ def test_checkpoint_resumes_model_optimizer_and_step(samples, tmp_path):
     for key in ("loss", "grad_norm", "lr"):
         assert again[key] == pytest.approx(continued[key], abs=1e-7), key
     assert torch.allclose(resumed.logprobs(samples), first.logprobs(samples), atol=1e-6)
+
+
+def test_a_truncated_checkpoint_falls_back_to_the_previous_one(samples, tmp_path):
+    a = actor()
+    a.train(samples)  # as in train.py: the first save follows a step (Adam's state exists)
+    older = checkpoint_folder(tmp_path, 1)
+    a.save_checkpoint(older, extra={"next_rollout": 1})
+    (older / "data.json").write_text("{}")
+    mark_latest(tmp_path, older)
+    a.train(samples)
+    newest = checkpoint_folder(tmp_path, 2)
+    a.save_checkpoint(newest, extra={"next_rollout": 2})
+    (newest / "data.json").write_text("{}")
+    mark_latest(tmp_path, newest)
+    shard = sorted(newest.glob("*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # a disk that filled up
+
+    reports: list[str] = []
+    assert latest_checkpoint(tmp_path, report=reports.append) == older
+    assert f"{shard.name} is {shard.stat().st_size} bytes" in reports[0]
+    assert actor().load_checkpoint(older) == {"next_rollout": 1}
+    with pytest.raises(ConfigError, match=f"checkpoint {newest} cannot be loaded"):
+        actor().load_checkpoint(newest)
 
 
 def test_hf_export_serves_the_engine(samples, tmp_path):

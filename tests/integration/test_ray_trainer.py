@@ -37,7 +37,7 @@ def ray_session():
 def test_two_ray_ranks_at_tp2_equal_one_local_rank(ray_session, tmp_path):
     kwargs = {"hf_checkpoint": build_tiny_model(), "rollout_temperature": 1.0}
     cluster = ClusterConfig(actor_num_gpus_per_node=2)
-    cluster.validate(tensor_parallel=2)
+    cluster.validate()
     group = TrainerGroup(cluster, TrainerConfig(lr=1e-4, tensor_model_parallel_size=2,
                                                 micro_batch_size=4), **kwargs)  # fmt: skip
     try:
@@ -61,7 +61,5 @@ def test_two_ray_ranks_at_tp2_equal_one_local_rank(ray_session, tmp_path):
 def test_cluster_flags_are_checked():
     from agentrl.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="--tensor-model-parallel-size 2"):
-        ClusterConfig(actor_num_gpus_per_node=3).validate(tensor_parallel=2)
     with pytest.raises(ConfigError, match="--no-use-ray runs one trainer rank"):
-        ClusterConfig(use_ray=False, actor_num_gpus_per_node=2).validate(tensor_parallel=1)
+        ClusterConfig(use_ray=False, actor_num_gpus_per_node=2).validate()

@@ -369,7 +369,7 @@ def test_dual_clip():
 
 def _gspo_loss(logp: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     adv = t([[2.0, 2.0, 2.0], [-1.0, -1.0, -1.0]])
-    return policy_loss(logp, old, adv, mask, ratio="sequence")[0]
+    return policy_loss(logp, old, adv, mask, ratio="sequence", aggregation="token_mean")[0]
 
 
 def test_gspo_sequence_ratio_and_its_gradient():
@@ -397,6 +397,23 @@ def test_gspo_sequence_ratio_and_its_gradient():
             down[i, j] -= h
             numeric[i, j] = (_gspo_loss(up, old, mask) - _gspo_loss(down, old, mask)) / (2 * h)
     torch.testing.assert_close(logp.grad, numeric, atol=1e-6, rtol=0)
+
+
+def test_gspo_defaults_to_one_weight_per_sequence():
+    # ratio 1 everywhere: each counted token's term is -A of its row; row 0 has 1 token (A = 1),
+    # row 1 has 3 (A = -1)
+    old = t([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    adv, mask = t([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]]), t([[1, 0, 0], [1, 1, 1]])
+    logp = old.clone().requires_grad_()
+    loss, _ = policy_loss(logp, old, adv, mask, ratio="sequence")
+    close(loss, (-1.0 + 1.0) / 2)  # mean over the 2 sequences of each one's token mean
+    loss.backward()
+    # d loss / d logp_it = -A_i * (rho_i / n_i) / 2 sequences
+    close(logp.grad, [[-0.5, 0.0, 0.0], [1 / 6, 1 / 6, 1 / 6]])
+    token_loss, _ = policy_loss(old, old, adv, mask, ratio="sequence", aggregation="token_mean")
+    close(token_loss, (-1.0 + 3 * 1.0) / 4)  # chosen explicitly: each token weighs the same
+    total, _ = total_loss(old, old, adv, mask, ratio="sequence")
+    close(total, 0.0)  # the full actor loss takes the same default
 
 
 def test_gspo_clips_the_sequence_ratio():

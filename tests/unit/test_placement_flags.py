@@ -1,12 +1,18 @@
-"""Placement flags (engines as actors, --colocate, fault tolerance) and episode routing keys."""
+"""Placement flags (engines as actors, --colocate, fault tolerance), episode routing keys, and
+the trainers the loop places (both are a ``Trainer``)."""
 
 from __future__ import annotations
+
+import importlib
+import inspect
 
 import pytest
 
 from agentrl.errors import ConfigError
 from agentrl.orchestration.cluster import ClusterConfig
+from agentrl.orchestration.flags import parse_args
 from agentrl.rollout.engine.base import EpisodeAffinity, episode_key
+from agentrl.trainer.protocol import Trainer
 
 
 def test_episode_key_drops_only_a_turn_suffix():
@@ -62,3 +68,24 @@ def test_possible_placements_validate():
     ClusterConfig(colocate=True, use_fault_tolerance=True).validate()
     ClusterConfig(rollout_num_gpus=4, use_fault_tolerance=True).validate()
     ClusterConfig(colocate=True, rollout_num_gpus=2, actor_num_gpus_per_node=2).validate()
+
+
+def test_tensor_parallelism_must_divide_the_ranks(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        parse_args(["--env", "calc", "--actor-num-gpus-per-node", "3",
+                    "--tensor-model-parallel-size", "2"])
+    err = capsys.readouterr().err
+    assert "= 3 ranks are not a multiple of --tensor-model-parallel-size 2" in err
+
+
+@pytest.mark.parametrize("trainer_class", ["agentrl.trainer.actor:MegatronActor",
+                                           "agentrl.orchestration.cluster:TrainerGroup"])
+def test_both_trainers_have_the_trainer_protocols_methods(trainer_class):
+    module, _, name = trainer_class.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    for method in ("train", "save_checkpoint", "load_checkpoint", "save_hf", "hf_state_dict",
+                   "open_weight_group", "weight_metadata", "broadcast_weights"):
+        expected = list(inspect.signature(getattr(Trainer, method)).parameters)
+        assert list(inspect.signature(getattr(cls, method)).parameters) == expected, method
+    assert issubclass(cls, Trainer)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from agentrl.errors import ConfigError
-from agentrl.orchestration.run import RunConfig, RunLog, parse_args
+from agentrl.orchestration.flags import RunConfig, parse_args
+from agentrl.orchestration.run_log import RunLog
 from agentrl.orchestration.sinks import scalars
 
 ENV = ["--env", "calc"]
@@ -19,6 +20,12 @@ LEARNING = {"rollout/groups": 4, "rollout/zero_std_groups": 1, "rollout/reward_m
 EVAL = {"step": 2, "sets": {"calc": {"n_prompts": 3, "n_samples": 6, "mean_reward": 0.5,
                                      "statuses": {"completed": 5, "truncated": 1},
                                      "pass@1": 0.5, "pass@2": 0.75}}}  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # parse_args refuses a default --output-dir (runs/latest) an earlier run wrote to
+    monkeypatch.chdir(tmp_path)
 
 
 def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:

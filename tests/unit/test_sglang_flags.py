@@ -6,8 +6,14 @@ from __future__ import annotations
 import pytest
 
 from agentrl.errors import ConfigError
-from agentrl.orchestration.run import parse_args
+from agentrl.orchestration.flags import parse_args
 from agentrl.rollout.config import RolloutConfig, collect_sglang_args
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cwd(tmp_path, monkeypatch):
+    # parse_args refuses an --output-dir (default runs/latest) that already holds a run
+    monkeypatch.chdir(tmp_path)
 
 
 def test_collect_sglang_args_forms():

@@ -1,0 +1,160 @@
+"""Checkpoint folders under ``--save``: their names, the seal that marks one complete, and the
+choice of the one ``--load`` resumes from.
+
+A run saves before rollout ``n`` into ``<save>/rollout_<n>`` (:func:`checkpoint_folder`): the
+trainer's Megatron distributed checkpoint (``.metadata``, ``*.distcp``, ``common.pt``,
+``metadata.json``) and the data position (``data.json``). :func:`mark_latest` then seals it: it
+writes ``manifest.json`` (every file's size) and points ``<save>/latest`` at it. A save cut
+short (a killed run, a full disk) leaves a folder without a manifest, or with files whose sizes
+differ from it; :func:`latest_checkpoint` skips such folders, says why, and falls back to the
+newest older one that is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from agentrl.errors import ConfigError
+
+__all__ = ["DATA_FILE", "MANIFEST", "checkpoint_folder", "checkpoint_problem",
+           "latest_checkpoint", "mark_latest"]
+
+MANIFEST = "manifest.json"
+"""``{"files": {relative path: size in bytes}}`` of a sealed checkpoint."""
+
+DATA_FILE = "data.json"
+"""The data source's position, written beside the trainer's files."""
+
+MARKER = "latest"
+"""``<save>/latest``: the name of the newest sealed checkpoint folder."""
+
+_FOLDER = re.compile(r"rollout_(\d+)")
+
+
+def checkpoint_folder(root: str | Path, next_rollout: int) -> Path:
+    """``<root>/rollout_<n>``: the checkpoint taken before rollout ``n``."""
+    return Path(root) / f"rollout_{next_rollout:05d}"
+
+
+def mark_latest(root: str | Path, folder: Path) -> None:
+    """Seals ``folder`` (its manifest of file sizes) and records it as the newest complete
+    checkpoint. Call it once everything is saved; the marker is written last, atomically."""
+    folder = Path(folder)
+    sizes = {str(path.relative_to(folder)): path.stat().st_size
+             for path in sorted(folder.rglob("*"))
+             if path.is_file() and path.name not in (MANIFEST, MANIFEST + ".tmp")}
+    _write_atomically(folder / MANIFEST, json.dumps({"files": sizes}, indent=1) + "\n")
+    _write_atomically(Path(root) / MARKER, folder.name + "\n")
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why ``folder`` is not a complete checkpoint, or ``None`` if it is.
+
+    Complete means: sealed (a readable manifest), every file the manifest lists present at the
+    size it had when sealed, and a ``data.json`` that parses. Reads sizes and ``data.json``
+    only, so it is cheap.
+    """
+    if not folder.is_dir():
+        return "the folder does not exist"
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        return (f"no {MANIFEST}: its save did not finish (a checkpoint is sealed once every "
+                "file is written)")
+    try:
+        sizes = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+        sizes = {str(name): int(size) for name, size in sizes.items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return f"{MANIFEST} is damaged ({type(exc).__name__}: {exc})"
+    for name, size in sizes.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        actual = path.stat().st_size
+        if actual != size:
+            return f"{name} is {actual} bytes, {size} when it was saved (truncated or overwritten)"
+    data = folder / DATA_FILE
+    if not data.is_file():
+        return f"{DATA_FILE} is missing"
+    try:
+        json.loads(data.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return f"{DATA_FILE} is not valid JSON ({exc})"
+    return None
+
+
+def _warn(message: str) -> None:
+    print(f"WARNING: {message}", file=sys.stderr, flush=True)
+
+
+def latest_checkpoint(root: str | Path, report: Callable[[str], None] | None = _warn) -> Path:
+    """The checkpoint ``--load`` names: ``root`` itself if it is one, else the newest complete
+    one under it.
+
+    Under a ``--save`` folder the candidates are the folder ``latest`` names, then the older
+    ``rollout_<n>`` folders, newest first (folders newer than the marker are saves that never
+    finished, or a run the marker was moved back from); without a marker, every ``rollout_<n>``
+    folder. The first complete one (:func:`checkpoint_problem`) is the answer.
+
+    Args:
+        root: The ``--load`` folder.
+        report: Called with one line for each damaged checkpoint skipped (default: a warning
+            on stderr); ``None`` for silence (e.g. checking the flag before the run starts).
+
+    Raises:
+        ConfigError: ``root`` is a damaged checkpoint, holds no checkpoint at all, or only
+            damaged ones; the message names ``--load`` and each folder with what is wrong.
+    """
+    root = Path(root)
+    if any((root / name).is_file() for name in (DATA_FILE, MANIFEST, "metadata.json")):
+        problem = checkpoint_problem(root)
+        if problem is not None:
+            raise ConfigError(f"--load {str(root)!r}: this checkpoint is damaged: {problem}; "
+                              "pass the --save folder above it to resume from its newest "
+                              "complete checkpoint")
+        return root
+    candidates = _candidates(root)
+    if not candidates:
+        raise ConfigError(f"--load {str(root)!r}: no checkpoint there (no '{MARKER}' marker "
+                          f"and no {DATA_FILE}); pass the --save folder of an earlier run")
+    skipped: list[str] = []
+    for folder in candidates:
+        problem = checkpoint_problem(folder)
+        if problem is None:
+            if report is not None and skipped:
+                report(f"--load: resuming from {folder}, the newest complete checkpoint")
+            return folder
+        skipped.append(f"{folder.name}: {problem}")
+        if report is not None:
+            report(f"--load: checkpoint {folder} is damaged and skipped: {problem}")
+    raise ConfigError(f"--load {str(root)!r}: no complete checkpoint there ("
+                      + "; ".join(skipped) + "); pass another --load, or drop it to start afresh")
+
+
+def _candidates(root: Path) -> list[Path]:
+    """The folders :func:`latest_checkpoint` tries, in order."""
+    numbered = {}
+    if root.is_dir():
+        for path in root.iterdir():
+            match = _FOLDER.fullmatch(path.name)
+            if match and path.is_dir():
+                numbered[int(match.group(1))] = path
+    newest_first = [numbered[n] for n in sorted(numbered, reverse=True)]
+    marker = root / MARKER
+    if not marker.is_file():
+        return newest_first
+    target = root / marker.read_text(encoding="utf-8").strip()
+    match = _FOLDER.fullmatch(target.name)
+    if match is None:  # a folder named by hand: only it
+        return [target]
+    bound = int(match.group(1))
+    return [target, *(numbered[n] for n in sorted(numbered, reverse=True) if n < bound)]
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)

@@ -1,0 +1,107 @@
+"""``train.py``'s flags: the loop's own (``RunConfig``), and :func:`parse_args`, which builds
+every subsystem's config from the command line and checks them, alone and together."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Sequence
+
+from agentrl.config import add_arguments, flag, from_namespace, option
+from agentrl.errors import ConfigError
+from agentrl.orchestration.cluster import ClusterConfig
+from agentrl.orchestration.sinks import WANDB_MODES, require_wandb
+from agentrl.orchestration.validation import check_files, validate_together
+from agentrl.rollout.config import RolloutConfig, collect_sglang_args
+from agentrl.trainer.config import TrainerConfig
+
+__all__ = ["Args", "RunConfig", "build_parser", "parse_args"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """The loop's own flags."""
+
+    num_rollout: int = option(3, "rollout -> train iterations")
+    update_weights_interval: int = option(1, "push trainer weights to the engine every N rollouts")
+    weight_sync: str = option("auto", "how weights reach the engines: tensor (in memory; Ray's "
+                              "shared-memory object store for engine actors), disk (a Hugging "
+                              "Face directory under <output-dir>/weights), auto (tensor for "
+                              "embedded engines, disk for SGLang servers), broadcast (SGLang "
+                              "servers: NCCL from the trainer's rank 0; gloo on CPU)",
+                              choices=("auto", "tensor", "disk", "broadcast"))
+    eval_interval: int | None = option(None, "evaluate every N rollouts (and before the first)")
+    output_dir: str = option("runs/latest", "where metrics, trajectories and checkpoints go; a "
+                             "folder an earlier run wrote metrics to is refused unless --load "
+                             "continues that run")
+    save_trajectories: bool = option(True, "write each rollout's samples as JSONL")
+    dead_run_rollouts: int = option(3, "warn when every group had zero reward variance for this "
+                                    "many rollouts in a row (nothing is being learned)")
+    use_tensorboard: bool = option(True, "write TensorBoard event files under <output-dir>/"
+                                   "tensorboard (one scalar per metric, step = rollout id)")
+    use_wandb: bool = option(False, "also log metrics to Weights & Biases "
+                             "(needs: pip install wandb)")
+    wandb_project: str = option("agentrl", "the wandb project (with --use-wandb)")
+    wandb_mode: str = option("offline", "online, or offline: files under <output-dir>/wandb "
+                             "to upload later with `wandb sync` (with --use-wandb)",
+                             choices=WANDB_MODES)
+    wandb_run_name: str | None = option(None, "the wandb run's name (default: one wandb picks)")
+    progress: bool = option(True, "progress bars on a terminal (episodes, train steps, stage)")
+
+    def validate(self) -> None:
+        """Raises ConfigError naming the first invalid flag and what to change."""
+        for name in ("num_rollout", "update_weights_interval", "eval_interval",
+                     "dead_run_rollouts"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{flag(name)} must be >= 1, got {value}")
+        if self.wandb_mode not in WANDB_MODES:
+            raise ConfigError(f"--wandb-mode must be one of {', '.join(WANDB_MODES)}, "
+                              f"got {self.wandb_mode!r}")
+        if self.use_wandb:
+            # Fail at flag parsing, not after the model has loaded.
+            require_wandb()
+
+
+@dataclasses.dataclass(frozen=True)
+class Args:
+    """Every subsystem's config, and the flat namespace plug-ins receive as ``args``."""
+
+    rollout: RolloutConfig
+    trainer: TrainerConfig
+    run: RunConfig
+    cluster: ClusterConfig
+    namespace: argparse.Namespace
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``train.py``'s parser: one flag per config field (``--sglang-*`` flags are collected
+    apart, by :func:`parse_args`)."""
+    parser = argparse.ArgumentParser(prog="train.py",
+                                     description="agentrl: RL for tool-using agents")
+    for cls, title in ((RolloutConfig, "rollout"), (TrainerConfig, "trainer"), (RunConfig, "run"),
+                       (ClusterConfig, "cluster")):
+        add_arguments(parser, cls, title)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Args:
+    """Parses and validates the flags: each config on its own, then the checks that read
+    several (:func:`~agentrl.orchestration.validation.validate_together`, which also solves the
+    batch equation), then the files they name. An error names the flag and exits with status 2.
+    """
+    parser = build_parser()
+    namespace, unknown = parser.parse_known_args(argv)
+    namespace.sglang_args, unknown = collect_sglang_args(unknown)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    try:
+        args = Args(rollout=from_namespace(RolloutConfig, namespace),
+                    trainer=from_namespace(TrainerConfig, namespace),
+                    run=from_namespace(RunConfig, namespace),
+                    cluster=from_namespace(ClusterConfig, namespace), namespace=namespace)
+        args = validate_together(args)
+        check_files(args)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    return args

@@ -1,0 +1,202 @@
+"""``RunLog``: the files a run writes about itself (metrics, trajectories, eval results) and
+its TensorBoard / wandb scalars."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agentrl.orchestration.progress import RunProgress
+from agentrl.orchestration.sinks import MetricsSink, TensorBoardSink, WandbSink, scalars
+from agentrl.rollout.sample import Sample
+
+if TYPE_CHECKING:
+    from agentrl.orchestration.flags import Args
+
+__all__ = ["EVAL_SHOWN", "SHOWN", "RunLog"]
+
+
+class RunLog:
+    """Everything a run writes about itself under ``output_dir``.
+
+    * ``metrics.jsonl``: one line per rollout (always), plus a one-line console summary.
+    * ``eval.jsonl``: one line per evaluation (:meth:`eval`).
+    * ``trajectories/rollout_<id>.jsonl``: each rollout's samples (:meth:`samples`).
+    * ``tensorboard/``: event files, one scalar per numeric metric at step = rollout id
+      (``use_tensorboard``).
+    * ``wandb/``: a Weights & Biases run (``use_wandb``).
+
+    :meth:`stage` times the loop's stages (``time/<stage>_s`` in the next metrics line) and
+    moves the progress display along (``progress``, see :class:`RunProgress`). It also warns on
+    stderr when ``dead_run_rollouts`` rollouts in a row had zero reward variance
+    in every group (nothing is being learned). Call :meth:`close` at the end (or use it as a
+    context manager); after that, only the JSONL files are written.
+
+    Args:
+        output_dir: The run's folder (created if missing).
+        dead_run_rollouts: Flat rollouts in a row before the dead-run warning.
+        use_tensorboard: Write TensorBoard event files.
+        use_wandb: Log to wandb (imported only then).
+        wandb_project: The wandb project.
+        wandb_mode: ``"offline"`` or ``"online"``.
+        wandb_run_name: The wandb run's name; wandb picks one when ``None``.
+        wandb_config: Hyperparameters recorded with the wandb run (e.g. every flag).
+        progress: The terminal progress display, or ``None``.
+
+    Raises:
+        ConfigError: A requested backend is not installed; the message names the flag.
+    """
+
+    def __init__(self, output_dir: str | Path, dead_run_rollouts: int = 3, *,
+                 use_tensorboard: bool = True, use_wandb: bool = False,
+                 wandb_project: str = "agentrl", wandb_mode: str = "offline",
+                 wandb_run_name: str | None = None,
+                 wandb_config: dict[str, Any] | None = None,
+                 progress: RunProgress | None = None) -> None:
+        self.dead_run_rollouts = dead_run_rollouts
+        self.progress = progress
+        self.stage_seconds: dict[str, float] = {}
+        self.flat_rollouts = 0
+        self.root = Path(output_dir)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.root / "metrics.jsonl"
+        self.eval_path = self.root / "eval.jsonl"
+        self.trajectories = self.root / "trajectories"
+        self.tensorboard_dir = self.root / "tensorboard"
+        self.started = time.perf_counter()
+        self.sinks: list[MetricsSink] = []
+        try:
+            if use_tensorboard:
+                self.sinks.append(TensorBoardSink(self.tensorboard_dir))
+            if use_wandb:
+                wandb_sink = WandbSink(self.root, project=wandb_project, mode=wandb_mode,
+                                  run_name=wandb_run_name, config=wandb_config)
+                self.sinks.append(wandb_sink)
+        except BaseException:
+            # A later sink failed: release the ones already open so no writer thread leaks.
+            self.close()
+            raise
+
+    @classmethod
+    def from_config(cls, args: Args) -> RunLog:
+        """The log the flags ask for, with a progress display sized from them; every flag is
+        recorded with a wandb run."""
+        run, rollout, trainer = args.run, args.rollout, args.trainer
+        samples = rollout.rollout_batch_size * rollout.n_samples_per_prompt
+        progress = RunProgress(run.num_rollout, samples, trainer.num_steps_per_rollout or 1,
+                               enabled=run.progress)
+        return cls(run.output_dir, dead_run_rollouts=run.dead_run_rollouts,
+                   use_tensorboard=run.use_tensorboard, use_wandb=run.use_wandb,
+                   wandb_project=run.wandb_project, wandb_mode=run.wandb_mode,
+                   wandb_run_name=run.wandb_run_name, wandb_config=vars(args.namespace),
+                   progress=progress)
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Times one stage of the loop (summed if it runs twice before the next metrics line)."""
+        if self.progress is not None:
+            self.progress.stage(name)
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - started
+            self.stage_seconds[name] = self.stage_seconds.get(name, 0.0) + elapsed
+
+    def metrics(self, rollout_id: int, values: dict[str, Any]) -> None:
+        """Records one rollout's metrics: JSONL line, sinks (flushed), console summary, and the
+        dead-run check."""
+        values = {**values, **{f"time/{k}_s": v for k, v in self.stage_seconds.items()}}
+        self.stage_seconds = {}
+        if self.progress is not None:
+            self.progress.trained(rollout_id)
+        groups = values.get("rollout/groups", 0)
+        flat = groups > 0 and values.get("rollout/zero_std_groups", 0) == groups
+        self.flat_rollouts = self.flat_rollouts + 1 if flat else 0
+        values = {**values, "run/flat_rollouts_in_a_row": self.flat_rollouts}
+        if self.flat_rollouts >= self.dead_run_rollouts:
+            print(f"WARNING: dead run: in the last {self.flat_rollouts} rollouts every group's "
+                  "samples got the same reward, so every advantage is 0 and nothing is learned. "
+                  "Warm-start the model (it never succeeds or always does), raise "
+                  "--n-samples-per-prompt or --rollout-temperature, or use a dynamic-sampling "
+                  "filter (--dynamic-sampling-filter-path "
+                  "agentrl.rollout.filters:reward_std_positive).",
+                  file=sys.stderr, flush=True)
+        elapsed = round(time.perf_counter() - self.started, 3)
+        record = {"rollout_id": rollout_id, "elapsed_s": elapsed, **values}
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        self._log_scalars(rollout_id, {**scalars(values), "run/elapsed_s": elapsed})
+        shown = {k: v for k, v in record.items() if k in SHOWN}
+        print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                       for k, v in shown.items()), flush=True)
+
+    def eval(self, step: int, result: dict[str, Any]) -> None:
+        """Records one evaluation: a line of ``eval.jsonl`` and scalars ``eval/<set>/<metric>``.
+
+        Args:
+            step: The rollout id the evaluation ran before (``num_rollout`` for the final one).
+            result: What :func:`agentrl.rollout.evaluation.run_evaluation` returns,
+                ``{"step", "sets": {name: metrics}}``, or just the ``{name: metrics}`` part.
+
+        Raises:
+            ValueError: ``result`` carries a ``step`` other than ``step``.
+        """
+        sets = result.get("sets")
+        # A set's metrics are numbers, so a "sets" mapping of mappings is run_evaluation's form
+        # even if someone named an eval set "sets".
+        if isinstance(sets, dict) and all(isinstance(v, dict) for v in sets.values()):
+            if result.get("step", step) != step:
+                raise ValueError(f"eval result is for step {result['step']}, logged at step {step}")
+            record = result if "step" in result else {"step": step, **result}
+        else:
+            record = {"step": step, "sets": result}
+        # The same line agentrl.rollout.evaluation.write_eval_results writes, so readers of
+        # eval.jsonl need not care which one produced it.
+        with self.eval_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        self._log_scalars(step, scalars(record["sets"], prefix="eval/"))
+        for name, metrics in record["sets"].items():
+            shown = {k: metrics[k] for k in EVAL_SHOWN if k in metrics}
+            print(f"eval step={step} {name}: "
+                  + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                             for k, v in shown.items()), flush=True)
+
+    def samples(self, rollout_id: int, samples: Sequence[Sample]) -> None:
+        """Writes one rollout's samples as ``trajectories/rollout_<id>.jsonl``."""
+        self.trajectories.mkdir(exist_ok=True)
+        with (self.trajectories / f"rollout_{rollout_id:05d}.jsonl").open("w") as f:
+            for sample in samples:
+                f.write(sample.to_json() + "\n")
+
+    def close(self) -> None:
+        """Flushes and closes the TensorBoard / wandb writers; calling it again does nothing."""
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
+            sink.close()
+        if self.progress is not None:
+            self.progress.close()
+
+    def __enter__(self) -> RunLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _log_scalars(self, step: int, values: dict[str, float]) -> None:
+        for sink in self.sinks:
+            sink.log(step, values)
+
+
+SHOWN = ("rollout_id", "elapsed_s", "rollout/reward_mean", "rollout/success_rate",
+         "rollout/completed", "rollout/truncated", "rollout/failed", "rollout/turns_mean",
+         "rollout/zero_std_groups", "train/loss", "train/sft_loss", "train/kl_loss",
+         "train/entropy", "train/grad_norm", "train/train_tokens_per_s")
+"""The metrics of the one-line console summary of each rollout."""
+EVAL_SHOWN = ("n_prompts", "n_samples", "pass@1", "mean_reward")
+"""The metrics printed for each eval set."""

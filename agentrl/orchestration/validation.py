@@ -1,0 +1,154 @@
+"""The flag checks that read more than one config, and those of the files the flags name.
+
+Each config checks its own flags (``validate()``); what only makes sense together is checked
+here, in one place: :func:`validate_together`. :func:`check_files` then reads what ``--load``
+and ``--hf-checkpoint`` point at, so a damaged file is refused before anything heavy starts.
+Both raise :class:`~agentrl.errors.ConfigError` naming the flags and the fix;
+:func:`~agentrl.orchestration.flags.parse_args` calls them once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agentrl.errors import ConfigError
+from agentrl.models.hf_config import EMBEDDED_MODEL_TYPES, read_config
+from agentrl.orchestration.checkpoints import latest_checkpoint
+from agentrl.trainer.config import batch_shape
+
+if TYPE_CHECKING:
+    from agentrl.orchestration.flags import Args
+
+__all__ = ["GROUP_RELATIVE_ESTIMATORS", "check_files", "validate_together"]
+
+GROUP_RELATIVE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
+"""Estimators whose advantage is the reward minus its group's mean: a group of one sample
+always gets advantage 0."""
+
+RUN_FILES = ("metrics.jsonl", "eval.jsonl")
+"""The files a run appends to in ``--output-dir``."""
+
+
+def validate_together(args: Args) -> Args:
+    """Checks the flags that only make sense together, and solves what they determine.
+
+    Returns:
+        ``args`` with the trainer's ``--global-batch-size`` and ``--num-steps-per-rollout``
+        solved from ``--rollout-batch-size x --n-samples-per-prompt``: a new ``Args`` holding a
+        new ``TrainerConfig`` (configs are frozen; nothing is written).
+
+    Raises:
+        ConfigError: Naming the flags and what to change.
+    """
+    _check_placement(args)
+    _check_weight_sync(args)
+    _check_algorithm(args)
+    _check_output_dir(args)
+    _check_eval(args)
+    rollout, trainer = args.rollout, args.trainer
+    shape = batch_shape(trainer, rollout.rollout_batch_size * rollout.n_samples_per_prompt)
+    return dataclasses.replace(args, trainer=dataclasses.replace(trainer, **shape._asdict()))
+
+
+def check_files(args: Args) -> None:
+    """Reads ``--hf-checkpoint``'s config and finds ``--load``'s checkpoint (silently: the run
+    reports skipped ones when it loads).
+
+    Raises:
+        ConfigError: A missing or unreadable model config, or no complete checkpoint; names
+            the flag and the file.
+    """
+    rollout = args.rollout
+    if rollout.hf_checkpoint is not None:
+        try:
+            raw = read_config(rollout.hf_checkpoint, ConfigError)
+        except ConfigError as exc:
+            raise ConfigError(f"--hf-checkpoint {rollout.hf_checkpoint}: {exc}") from exc
+        model_type = raw.get("model_type")
+        if rollout.rollout_backend != "sglang" and model_type not in EMBEDDED_MODEL_TYPES:
+            raise ConfigError(
+                f"--hf-checkpoint {rollout.hf_checkpoint} is a {model_type!r} model; "
+                f"--rollout-backend {rollout.rollout_backend} serves "
+                f"{' and '.join(EMBEDDED_MODEL_TYPES)} models: serve it with --rollout-backend "
+                "sglang")
+    if args.trainer.load:
+        latest_checkpoint(args.trainer.load, report=None)
+
+
+def _check_eval(args: Args) -> None:
+    rollout, run = args.rollout, args.run
+    has_sets = bool(rollout.eval_prompt_data or rollout.eval_env)
+    if run.eval_interval is not None and not has_sets:
+        raise ConfigError(f"--eval-interval {run.eval_interval} evaluates nothing: add an eval set "
+                          "(--eval-env ID or --eval-prompt-data NAME PATH), or drop it")
+    if has_sets and run.eval_interval is None:
+        raise ConfigError("--eval-env / --eval-prompt-data need --eval-interval N (evaluate every N "
+                          "rollouts, and after the last)")
+
+
+def _check_placement(args: Args) -> None:
+    rollout, trainer, cluster = args.rollout, args.trainer, args.cluster
+    tensor_parallel = trainer.tensor_model_parallel_size
+    if cluster.world_size % tensor_parallel:
+        raise ConfigError(
+            f"--actor-num-nodes x --actor-num-gpus-per-node = {cluster.world_size} ranks are not "
+            f"a multiple of --tensor-model-parallel-size {tensor_parallel}")
+    backend = rollout.rollout_backend
+    if backend == "embedded":
+        if cluster.rollout_num_gpus_per_engine != 1:
+            raise ConfigError(
+                f"--rollout-num-gpus-per-engine {cluster.rollout_num_gpus_per_engine}: the "
+                "embedded engine serves one device per engine; tensor-parallel engines need "
+                "--rollout-backend sglang")
+        return
+    if not (cluster.engine_actors or rollout.rollout_engine_urls):
+        raise ConfigError(f"--rollout-backend {backend} launches servers as Ray actors: add "
+                          "--rollout-num-gpus N (or --colocate), or name running servers with "
+                          "--rollout-engine-urls")
+    if not cluster.use_ray and not rollout.rollout_engine_urls:
+        raise ConfigError(f"--rollout-backend {backend} places servers with Ray: drop "
+                          "--no-use-ray")
+    if cluster.use_fault_tolerance and rollout.rollout_engine_urls:
+        raise ConfigError("--use-fault-tolerance restarts servers this run started; "
+                          "--rollout-engine-urls servers are someone else's: drop one of them")
+    if backend == "sglang-compat" and cluster.rollout_num_gpus_per_engine != 1:
+        raise ConfigError("--rollout-backend sglang-compat serves one device per engine: "
+                          "--rollout-num-gpus-per-engine must be 1")
+
+
+def _check_weight_sync(args: Args) -> None:
+    backend, sync = args.rollout.rollout_backend, args.run.weight_sync
+    if args.cluster.use_fault_tolerance and backend != "embedded" and sync not in ("auto", "disk"):
+        raise ConfigError(f"--use-fault-tolerance with --rollout-backend {backend} restarts a "
+                          "server from the latest weights on disk: use --weight-sync disk (or "
+                          f"auto), not {sync}")
+    if sync == "broadcast" and backend == "embedded":
+        raise ConfigError("--weight-sync broadcast is for SGLang servers: use it with "
+                          "--rollout-backend sglang (or sglang-compat)")
+
+
+def _check_algorithm(args: Args) -> None:
+    trainer, n = args.trainer, args.rollout.n_samples_per_prompt
+    if (trainer.loss_type == "policy_loss" and n < 2
+            and trainer.advantage_estimator in GROUP_RELATIVE_ESTIMATORS):
+        raise ConfigError(
+            f"--advantage-estimator {trainer.advantage_estimator} compares each sample's reward "
+            f"with its group's mean, and --n-samples-per-prompt {n} makes groups of one: every "
+            "advantage is 0 and nothing is learned. Raise --n-samples-per-prompt to 2 or more, "
+            "or use --advantage-estimator reinforce_plus_plus or ppo")
+
+
+def _check_output_dir(args: Args) -> None:
+    if args.trainer.load:  # a continuation: its lines go after the earlier ones
+        return
+    output_dir = Path(args.run.output_dir)
+    written = [name for name in RUN_FILES if (output_dir / name).is_file()]
+    if written:
+        default = output_dir / "checkpoints"
+        checkpoints = default if default.is_dir() or not args.trainer.save else args.trainer.save
+        raise ConfigError(
+            f"--output-dir {output_dir}: an earlier run wrote {', '.join(written)} there, and "
+            f"this one would append to it. Pass --load {checkpoints} to continue that run, or "
+            "choose another --output-dir")

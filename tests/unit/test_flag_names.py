@@ -1,0 +1,98 @@
+"""Every ``--flag`` our messages and docstrings name is a real flag: of train.py, of the
+``agentrl`` command, of another program of ours, or of a third-party program we run."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+from pathlib import Path
+
+from agentrl.cli import build_parser as build_cli_parser
+from agentrl.orchestration.flags import build_parser as build_train_parser
+
+REPO = Path(__file__).resolve().parents[2]
+SOURCES = sorted([*(REPO / "agentrl").rglob("*.py"), *(REPO / "envs").rglob("*.py"),
+                  *(REPO / "tools").rglob("*.py"), REPO / "train.py"])
+
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*[a-z0-9](?:-\*)?")
+"""A flag, or a family of them written ``--eval-*``."""
+
+PASSED_THROUGH = "--sglang"
+"""``--sglang-X`` flags go to SGLang servers as ``--X`` (see
+agentrl.rollout.config.collect_sglang_args); docstrings write them ``--sglang-X`` or
+``--sglang-*``."""
+
+THIRD_PARTY = {
+    # SGLang's server and router (agentrl.orchestration.sglang_servers launches them; docstrings
+    # name the server settings that --sglang-* flags reach)
+    "--model-path", "--host", "--port", "--tp-size", "--context-length", "--log-level",
+    "--prometheus-port", "--worker-urls", "--enable-memory-saver", "--tool-call-parser",
+    # bubblewrap, nsenter, setpriv and prlimit: the command lines of the bwrap and process
+    # sandboxes (agentrl.sandbox.bwrap, agentrl.sandbox.local)
+    "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "--hostname",
+    "--ro-bind", "--ro-bind-try", "--symlink", "--dev", "--proc", "--tmpfs", "--size", "--bind",
+    "--remount-ro", "--chdir", "--info-fd",
+    "--user", "--mount", "--pid", "--net", "--ipc", "--uts", "--root", "--wd",
+    "--no-new-privs", "--clear-groups", "--regid", "--reuid", "--bounding-set", "--inh-caps",
+    "--as", "--core", "--fsize", "--cpu", "--nproc",
+    # bash started without start-up files inside sandboxes
+    "--noprofile", "--norc",
+    # debootstrap, apt-get and tar, which build the Docker sandbox image (agentrl.sandbox.images)
+    "--variant", "--include", "--no-install-recommends", "--numeric-owner",
+    # pytest run by the graders and the run_tests tool; grep run by the search tool
+    "--noconftest", "--rootdir", "--tb", "--exclude-dir",
+    # pip: how bfcl-eval is installed (envs/bfcl)
+    "--no-deps",
+}
+"""Flags of programs we start or tell the user to run; each group says which program."""
+
+
+def parser_flags(parser: argparse.ArgumentParser) -> set[str]:
+    """Every long option of ``parser`` and of its subcommands."""
+    flags: set[str] = set()
+    for action in parser._actions:
+        flags.update(s for s in action.option_strings if s.startswith("--"))
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                flags |= parser_flags(sub)
+    return flags
+
+
+def added_arguments(tree: ast.AST) -> set[str]:
+    """Long options a module defines itself with ``parser.add_argument("--x", ...)`` (the
+    SGLang-compatible server, the image builder, the task generator are programs too)."""
+    return {arg.value for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "add_argument"
+            for arg in node.args
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+            and arg.value.startswith("--")}
+
+
+def string_parts(tree: ast.AST) -> list[tuple[int, str]]:
+    """``(line, text)`` of every string constant, docstrings and f-string parts included."""
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+
+
+def test_every_flag_named_in_a_string_exists() -> None:
+    trees = {path: ast.parse(path.read_text(encoding="utf-8")) for path in SOURCES}
+    known = parser_flags(build_train_parser()) | parser_flags(build_cli_parser()) | THIRD_PARTY
+    for tree in trees.values():
+        known |= added_arguments(tree)
+    unknown: list[str] = []
+    for path, tree in trees.items():
+        for line, text in string_parts(tree):
+            for match in FLAG.finditer(text):
+                name = match.group()
+                if name.startswith(PASSED_THROUGH):
+                    continue
+                if name.endswith("-*"):
+                    found = any(k.startswith(name[:-1]) for k in known)
+                else:
+                    found = name in known
+                if not found:  # the line in a docstring; a concatenated string's first line
+                    where = line + text[: match.start()].count("\n")
+                    unknown.append(f"{path.relative_to(REPO)}:{where}: {name}")
+    assert not unknown, "flags that no parser has:\n" + "\n".join(unknown)

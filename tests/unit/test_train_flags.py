@@ -1,0 +1,196 @@
+"""``train.py``'s flags as parse_args sees them: bad values exit with status 2 and a message that
+names the flag; flags that only work together are checked together; nothing is written to a
+config once the flags are parsed."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from agentrl.orchestration.checkpoints import checkpoint_folder, mark_latest
+from agentrl.orchestration.flags import Args, parse_args
+from agentrl.trainer.config import TrainerConfig, batch_shape
+
+ENV = ["--env", "calc"]  # 4 prompts x 4 samples = 16 samples per rollout by default
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the default --output-dir (runs/latest) is relative: keep it inside this test's folder
+    monkeypatch.chdir(tmp_path)
+
+
+def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """parse_args(argv)'s error message; fails unless it exits with status 2."""
+    with pytest.raises(SystemExit) as exc:
+        parse_args(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+def sealed_checkpoint(root: Path) -> Path:
+    folder = checkpoint_folder(root, 1)
+    folder.mkdir(parents=True)
+    (folder / "common.pt").write_bytes(b"x")
+    (folder / "data.json").write_text("{}")
+    mark_latest(root, folder)
+    return folder
+
+
+# ---- no config is written after parsing ----------------------------------------------------
+
+
+def test_the_batch_equation_is_solved_into_the_parsed_config() -> None:
+    trainer = parse_args([*ENV, "--num-steps-per-rollout", "4"]).trainer
+    assert (trainer.global_batch_size, trainer.num_steps_per_rollout) == (4, 4)
+    assert parse_args(ENV).trainer.num_steps_per_rollout == 1
+
+
+def test_parsed_configs_are_frozen() -> None:
+    args = parse_args(ENV)
+    for config in (args.trainer, args.run, args.cluster, args):
+        name = dataclasses.fields(config)[0].name
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(config, name, getattr(config, name))
+
+
+def test_batch_shape_reads_the_config_without_writing_it() -> None:
+    config = TrainerConfig(num_steps_per_rollout=2)
+    assert batch_shape(config, 32) == (16, 2)
+    assert config.global_batch_size is None
+
+
+# ---- bad values name the flag ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--global-batch-size", "0"], "--global-batch-size must be >= 1, got 0"),
+    (["--global-batch-size", "-4"], "--global-batch-size must be >= 1, got -4"),
+    (["--num-steps-per-rollout", "0"], "--num-steps-per-rollout must be >= 1, got 0"),
+    (["--micro-batch-size", "0"], "--micro-batch-size must be >= 1, got 0"),
+    (["--max-tokens-per-gpu", "-1"], "--max-tokens-per-gpu must be >= 1, got -1"),
+    (["--lr", "-1"], "--lr must be > 0, got -1.0"),
+    (["--critic-lr", "0"], "--critic-lr must be > 0, got 0.0"),
+    (["--min-lr", "-0.1"], "--min-lr must be >= 0, got -0.1"),
+    (["--weight-decay", "-1"], "--weight-decay must be >= 0"),
+    (["--adam-beta1", "1"], "--adam-beta1 must be in [0, 1), got 1.0"),
+    (["--adam-beta2", "-0.5"], "--adam-beta2 must be in [0, 1)"),
+    (["--adam-eps", "0"], "--adam-eps must be > 0"),
+    (["--clip-grad", "-1"], "--clip-grad must be >= 0"),
+    (["--lr-warmup-iters", "-1"], "--lr-warmup-iters must be >= 0"),
+    (["--lr-decay-iters", "0"], "--lr-decay-iters must be >= 1"),
+    (["--eps-clip", "1.5"], "--eps-clip must be in [0, 1), got 1.5"),
+    (["--eps-clip-high", "-0.1"], "--eps-clip-high must be >= 0"),
+    (["--value-clip", "0"], "--value-clip must be > 0"),
+    (["--gamma", "1.5"], "--gamma must be in [0, 1], got 1.5"),
+    (["--lambd", "-1"], "--lambd must be in [0, 1]"),
+    (["--kl-coef", "-1", "--advantage-estimator", "ppo"], "--kl-coef must be >= 0"),
+    (["--tis-clip-low", "3"], "--tis-clip-low 3.0 is above --tis-clip 2.0"),
+    (["--seq-length", "0"], "--seq-length must be >= 1"),
+])
+def test_bad_numeric_trainer_flags_name_the_flag(flags: list[str], message: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert message in refused([*ENV, *flags], capsys)
+
+
+# ---- flags that do nothing on their own --------------------------------------------------
+
+
+def test_kl_loss_coef_without_use_kl_loss_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused([*ENV, "--kl-loss-coef", "0.1"], capsys)
+    assert "--kl-loss-coef 0.1 has no effect without --use-kl-loss" in err
+    assert parse_args([*ENV, "--kl-loss-coef", "0.1", "--use-kl-loss"]).trainer.use_kl_loss
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "gspo", "reinforce_plus_plus_baseline"])
+def test_group_relative_estimators_need_two_samples_per_prompt(
+        estimator: str, capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused([*ENV, "--advantage-estimator", estimator, "--n-samples-per-prompt", "1"],
+                  capsys)
+    assert f"--advantage-estimator {estimator}" in err and "--n-samples-per-prompt 1" in err
+
+
+def test_one_sample_per_prompt_is_fine_for_sft_and_reinforce_plus_plus() -> None:
+    sft = parse_args([*ENV, "--loss-type", "sft_loss", "--n-samples-per-prompt", "1"])
+    assert sft.rollout.n_samples_per_prompt == 1
+    rpp = parse_args([*ENV, "--advantage-estimator", "reinforce_plus_plus",
+                      "--n-samples-per-prompt", "1"])
+    assert rpp.trainer.advantage_estimator == "reinforce_plus_plus"
+
+
+# ---- GSPO's default aggregation -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("flags", "aggregation"), [
+    (["--advantage-estimator", "gspo"], "seq_mean_token_mean"),
+    (["--advantage-estimator", "gspo", "--loss-aggregation", "token_mean"], "token_mean"),
+    (["--advantage-estimator", "grpo"], "token_mean"),
+])
+def test_gspo_aggregates_per_sequence_unless_told_otherwise(flags: list[str],
+                                                            aggregation: str) -> None:
+    assert parse_args([*ENV, *flags]).trainer.loss_aggregation == aggregation
+
+
+# ---- files the flags name -----------------------------------------------------------------
+
+
+def test_a_second_run_into_an_output_dir_is_refused(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"rollout_id": 0}\n')
+    err = refused([*ENV, "--output-dir", str(out)], capsys)
+    assert f"--output-dir {out}: an earlier run wrote metrics.jsonl there" in err
+    assert "Pass --load" in err and "or choose another --output-dir" in err
+
+
+def test_a_continuation_may_append_to_its_output_dir(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    sealed_checkpoint(out / "checkpoints")
+    (out / "metrics.jsonl").write_text('{"rollout_id": 0}\n')
+    args: Args = parse_args([*ENV, "--output-dir", str(out), "--load", str(out / "checkpoints")])
+    assert args.trainer.load == str(out / "checkpoints")
+
+
+def test_an_hf_checkpoint_config_that_is_not_json_names_the_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "qwen2", "hidden')
+    err = refused([*ENV, "--hf-checkpoint", str(model)], capsys)
+    assert f"--hf-checkpoint {model}: {model / 'config.json'} is not valid JSON" in err
+
+
+def test_a_model_the_embedded_engine_cannot_serve_is_refused_at_start_up(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The trainer trains qwen3; the embedded engine does not serve it: say so before loading."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "qwen3"}')
+    err = refused([*ENV, "--hf-checkpoint", str(model)], capsys)
+    assert "is a 'qwen3' model; --rollout-backend embedded serves qwen2 and llama" in err
+    assert "--rollout-backend sglang" in err
+
+
+def test_eval_interval_and_eval_sets_go_together(capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused([*ENV, "--eval-interval", "2"], capsys)
+    assert "--eval-interval 2 evaluates nothing" in err
+    err = refused([*ENV, "--eval-env", "calc"], capsys)
+    assert "--eval-env / --eval-prompt-data need --eval-interval" in err
+
+
+def test_a_damaged_load_is_refused_before_the_run_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = sealed_checkpoint(tmp_path / "ckpt")
+    (folder / "data.json").write_text("{")
+    err = refused([*ENV, "--load", str(tmp_path / "ckpt")], capsys)
+    assert "no complete checkpoint there" in err and "rollout_00001: data.json is 1 bytes" in err
+
+
+def test_the_model_flags_exist() -> None:
+    trainer = parse_args([*ENV, "--vocab-size", "300", "--no-untie-embeddings-and-output-weights",
+                          "--normalization", "RMSNorm", "--rotary-base", "1e6"]).trainer
+    assert (trainer.vocab_size, trainer.untie_embeddings_and_output_weights) == (300, False)
+    assert (trainer.normalization, trainer.rotary_base) == ("RMSNorm", 1e6)
