@@ -17,19 +17,17 @@ import asyncio
 import sys
 
 from agentrl.errors import AgentRLError
+from agentrl.eval.runner import run_evaluation
 from agentrl.models import build_tiny_model
+from agentrl.orchestration.checkpoints import checkpoint_folder, latest_checkpoint, mark_latest
 from agentrl.orchestration.cluster import TrainerGroup, start_ray
-from agentrl.orchestration.engines import serve_policy
-from agentrl.orchestration.run import (
-    RunLog,
-    checkpoint_folder,
-    latest_checkpoint,
-    mark_latest,
-    parse_args,
-)
-from agentrl.orchestration.weights import push_weights
-from agentrl.rollout import RolloutRunner, load_data_source, make_rollout_context, run_evaluation
+from agentrl.orchestration.flags import parse_args
+from agentrl.orchestration.run_log import RunLog
+from agentrl.orchestration.serving import serve_policy
+from agentrl.orchestration.weights import weight_sync_for
+from agentrl.rollout import RolloutRunner, env_factory, load_data_source, make_rollout_context
 from agentrl.rollout.demonstrations import DemoBatch, demonstrations
+from agentrl.trainer.protocol import Trainer
 
 
 async def main(argv: list[str]) -> None:
@@ -37,12 +35,14 @@ async def main(argv: list[str]) -> None:
     rollout, trainer, run = args.rollout, args.trainer, args.run
     steps = trainer.num_steps_per_rollout
     log = RunLog.from_config(args)
-    data = load_data_source(rollout)  # the prompts: read (and checked) before anything heavy starts
+    envs = env_factory(rollout)  # every env of the run: rollouts, data, eval (one sandbox pool)
+    data = load_data_source(rollout, envs)  # the prompts: read and checked before anything heavy
 
     # the policy, trained with Megatron: one Ray actor per rank (or in this process)
     checkpoint = rollout.hf_checkpoint or build_tiny_model()
     actor_kwargs = {"hf_checkpoint": checkpoint, "rollout_temperature": rollout.rollout_temperature,
                     "total_steps": run.num_rollout * steps}
+    actor: Trainer
     if args.cluster.use_ray:
         start_ray(args.cluster)
         actor = TrainerGroup(args.cluster, trainer, **actor_kwargs)
@@ -53,8 +53,9 @@ async def main(argv: list[str]) -> None:
 
     # the same weights, served for rollouts (in this process, or engine actors)
     engine = await serve_policy(rollout, args.cluster, checkpoint, trainer=actor)
-    ctx = make_rollout_context(rollout, engine, engine.tokenizer)
-    runner = RolloutRunner.from_args(ctx, data)
+    weights = weight_sync_for(engine, actor, run.weight_sync, run.output_dir)  # chosen once
+    ctx = make_rollout_context(rollout, engine, envs)
+    runner = RolloutRunner.from_context(ctx, data)
     runner.on_group_done = log.progress.group_done
     save_root = trainer.save or f"{run.output_dir}/checkpoints"
     start = 0
@@ -62,12 +63,12 @@ async def main(argv: list[str]) -> None:
         folder = latest_checkpoint(trainer.load)
         start = int(actor.load_checkpoint(folder).get("next_rollout", 0))
         data.load(folder / "data.json")
-        await push_weights(actor, engine, version=str(start), mode=run.weight_sync, output_dir=run.output_dir)
+        await weights.push(version=str(start))
         print(f"resumed from {folder} at rollout {start}")
 
     for rollout_id in range(start, run.num_rollout):
         log.progress.rollout_started(rollout_id)
-        if run.eval_interval and rollout_id % run.eval_interval == 0 and _has_eval(rollout):
+        if run.eval_interval and rollout_id % run.eval_interval == 0:
             with log.stage("eval"):
                 log.eval(rollout_id, await run_evaluation(ctx, rollout_id))
         with log.stage("rollout"):
@@ -81,8 +82,7 @@ async def main(argv: list[str]) -> None:
             train_metrics = actor.train(batch.samples)
         if (rollout_id + 1) % run.update_weights_interval == 0:
             with log.stage("weight_sync"):
-                await push_weights(actor, engine, version=str(rollout_id + 1), mode=run.weight_sync,
-                                   output_dir=run.output_dir)  # fmt: skip
+                await weights.push(version=str(rollout_id + 1))
         if run.save_trajectories:
             log.samples(rollout_id, batch.samples)
         last = rollout_id + 1 == run.num_rollout  # the end of the run is always saved
@@ -96,19 +96,17 @@ async def main(argv: list[str]) -> None:
                     actor.save_hf(f"{trainer.save_hf}/rollout_{rollout_id + 1:05d}", tokenizer_dir=checkpoint)
         log.metrics(rollout_id, {**batch.metrics, **{f"train/{k}": v for k, v in train_metrics.items()}})
 
-    if run.eval_interval and _has_eval(rollout):
+    if run.eval_interval:
         log.eval(run.num_rollout, await run_evaluation(ctx, run.num_rollout))
     await runner.close()
     await engine.close()
+    if envs is not None:
+        await envs.aclose()
     log.close()
     if isinstance(actor, TrainerGroup):
         actor.shutdown()
     print(f"done: metrics {log.metrics_path}, trajectories {log.trajectories}/, checkpoints "
-          f"{save_root}/ (continue with --load {save_root})")  # fmt: skip
-
-
-def _has_eval(rollout) -> bool:
-    return bool(rollout.eval_prompt_data or rollout.eval_env)
+          f"{save_root}/ (continue with --load {save_root})")
 
 
 if __name__ == "__main__":

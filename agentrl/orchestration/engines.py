@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agentrl.errors import EngineError
+from agentrl.orchestration.bundles import engine_bundles
 from agentrl.rollout.engine.base import (
     Engine,
     EpisodeAffinity,
@@ -41,8 +42,7 @@ from agentrl.rollout.engine.base import (
     episode_key,
 )
 
-__all__ = ["EngineBundles", "EngineGroup", "engine_actor_name", "engine_bundles", "launch_engines",
-           "serve_policy"]
+__all__ = ["EngineGroup", "engine_actor_name", "launch_engines"]
 
 log = logging.getLogger(__name__)
 
@@ -399,41 +399,6 @@ class EngineGroup(Engine):
         return list(await asyncio.gather(*(one(s) for s in self.slots if s.alive)))
 
 
-@dataclasses.dataclass
-class EngineBundles:
-    """Where engine actors go: a placement group, one bundle index per engine, and each
-    actor's Ray resources."""
-
-    placement: Any
-    bundles: list[int]
-    resources: dict[str, float]
-    threads: int
-    owns_placement: bool
-
-
-async def engine_bundles(cluster: Any, trainer: Any = None) -> EngineBundles:
-    """The bundles the placement flags ask for (see :class:`~agentrl.orchestration.cluster.
-    ClusterConfig`): ``--colocate`` puts engine ``i`` on the trainer's bundle ``i``, sharing it
-    half and half; otherwise ``--rollout-num-gpus`` devices in bundles of their own,
-    ``--rollout-num-gpus-per-engine`` per engine (one CPU each on a machine without GPUs)."""
-    import torch
-    from ray.util.placement_group import placement_group
-
-    gpu = torch.cuda.is_available()
-    if cluster.colocate:
-        if trainer is None:
-            raise EngineError("--colocate needs the trainer's placement group")
-        resources = {"num_cpus": cluster.cpus_per_rank / 2, **({"num_gpus": 0.5} if gpu else {})}
-        return EngineBundles(trainer.placement, list(range(cluster.num_engines)), resources,
-                             max(1, cluster.cpus_per_rank // 2), owns_placement=False)  # fmt: skip
-    per_engine = cluster.rollout_num_gpus_per_engine
-    bundle = {"CPU": 1, **({"GPU": per_engine} if gpu else {})}
-    placement = placement_group([dict(bundle) for _ in range(cluster.num_engines)], strategy="PACK")
-    await asyncio.wait_for(asyncio.wrap_future(placement.ready().future()), 300)
-    resources = {"num_cpus": 1, **({"num_gpus": per_engine} if gpu else {})}
-    return EngineBundles(placement, list(range(cluster.num_engines)), resources, 1, owns_placement=True)
-
-
 async def launch_engines(cluster: Any, checkpoint: str | Path, *, seed: int, max_batch_size: int,
                          trainer: Any = None, max_context_len: int | None = None) -> EngineGroup:  # fmt: skip
     """Embedded engine actors on the bundles of :func:`engine_bundles`."""
@@ -448,22 +413,3 @@ async def launch_engines(cluster: Any, checkpoint: str | Path, *, seed: int, max
         health_check_timeout=cluster.rollout_health_check_timeout,
         max_context_len=max_context_len, owns_placement=where.owns_placement,
     )  # fmt: skip
-
-
-async def serve_policy(rollout: Any, cluster: Any, checkpoint: str | Path, trainer: Any = None) -> Engine:
-    """The rollout's engine: SGLang servers (``--rollout-backend sglang`` / ``sglang-compat``),
-    embedded engine actors when ``--rollout-num-gpus`` / ``--colocate`` ask for them, else the
-    embedded engine in this process. ``--rollout-concurrency`` is split evenly over engines."""
-    if rollout.rollout_backend != "embedded":
-        from agentrl.orchestration.sglang_servers import launch_sglang
-
-        return await launch_sglang(rollout, cluster, checkpoint, trainer=trainer)
-    if not cluster.engine_actors:
-        from agentrl.rollout.build import load_policy_engine
-
-        return load_policy_engine(rollout, max_batch_size=rollout.rollout_concurrency,
-                                  max_context_len=rollout.engine_context_len)  # fmt: skip
-    per_engine = -(-rollout.rollout_concurrency // cluster.num_engines)
-    return await launch_engines(cluster, checkpoint, seed=rollout.rollout_seed,
-                                max_batch_size=per_engine, trainer=trainer,
-                                max_context_len=rollout.engine_context_len)  # fmt: skip

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import EngineError
+from agentrl.orchestration.bundles import engine_bundles
 from agentrl.rollout.engine.sglang import SGLangEngine
 
 __all__ = ["SGLangServers", "launch_sglang", "router_command", "server_command"]
@@ -261,7 +262,6 @@ async def launch_sglang(rollout: Any, cluster: Any, checkpoint: str | Path, trai
     Raises:
         EngineError: A server or the router did not come up (with its log's tail).
     """
-    from agentrl.orchestration.engines import engine_bundles
     from agentrl.rollout.engine.embedded import load_tokenizer
 
     tokenizer = load_tokenizer(checkpoint)

@@ -1,87 +1,138 @@
-"""Getting the trainer's weights to the engines.
+"""Getting the trainer's weights to the engines: one strategy, chosen once at start-up.
 
-Two paths, chosen by ``--weight-sync``:
+:func:`weight_sync_for` picks the strategy from ``--weight-sync`` and the engine that serves the
+rollout (``auto``: disk for SGLang servers, tensors otherwise) and the trainer (in this process,
+or ranks in Ray actors); ``train.py`` then calls :meth:`WeightSync.push` after every
+``--update-weights-interval`` rollouts.
 
-* ``tensor``: Hugging Face-named tensors gathered over tensor parallelism. The embedded engine in
-  the driver copies them in place; engine actors read them from Ray's shared-memory object store,
-  where the trainer's rank 0 put them (one copy per node, not one per engine).
-* ``disk``: the trainer writes a Hugging Face directory (``<output-dir>/weights/v<version>``, the
-  previous one deleted) and every engine loads it: the general fallback, for engines that share
-  only a filesystem with the trainer.
-
-* ``broadcast`` (SGLang servers): the trainer's rank 0 and every server TP rank form a process
-  group (NCCL; gloo on CPU) on the first push; each push broadcasts the tensors from rank 0 while
-  the servers receive them (``update_weights_from_distributed``): no disk, no copy through the
-  driver.
+* ``tensor`` (:class:`TensorSync`): Hugging Face-named tensors gathered over tensor parallelism.
+  The embedded engine in the driver copies them in place; engine actors read them from Ray's
+  shared-memory object store, where the trainer's rank 0 put them (one copy per node, not one
+  per engine).
+* ``disk`` (:class:`DiskSync`): the trainer writes a Hugging Face directory
+  (``<output-dir>/weights/v<version>``, the previous one deleted) and every engine loads it: the
+  general fallback, for engines that share only a filesystem with the trainer.
+* ``broadcast`` (:class:`BroadcastSync`, SGLang servers): the trainer's rank 0 and every server
+  TP rank form a process group (NCCL; gloo on CPU) on the first push; each push broadcasts the
+  tensors from rank 0 while the servers receive them (``update_weights_from_distributed``): no
+  disk, no copy through the driver.
 """
 
 from __future__ import annotations
 
+import abc
+import asyncio
 import shutil
+import socket
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
+from agentrl.errors import ConfigError
 from agentrl.rollout.engine.base import Engine
+from agentrl.trainer.protocol import Trainer
 
-__all__ = ["push_weights"]
+__all__ = ["BroadcastSync", "DiskSync", "TensorSync", "WeightSync", "weight_sync_for"]
 
 
-async def push_weights(actor: Any, engine: Engine, *, version: str, mode: str = "auto",
-                       output_dir: str | Path = ".") -> None:  # fmt: skip
-    """Makes ``engine`` serve ``actor``'s current weights, tagged ``version``.
+class WeightSync(abc.ABC):
+    """Makes the rollout's engine serve the trainer's current weights.
 
     Args:
-        actor: A :class:`~agentrl.trainer.actor.MegatronActor` or
-            :class:`~agentrl.orchestration.cluster.TrainerGroup`.
-        engine: The rollout's engine (embedded or an engine group).
-        version: Recorded on every sample generated with these weights.
-        mode: ``"tensor"``, ``"disk"``, ``"broadcast"`` (see the module docstring) or
-            ``"auto"``: disk for SGLang servers, else tensor.
-        output_dir: The run's folder; ``disk`` writes under ``<output_dir>/weights``.
+        engine: The rollout's engine.
+        actor: The trainer.
     """
-    if mode == "auto":
+
+    mode: str = ""
+
+    def __init__(self, engine: Engine, actor: Trainer) -> None:
+        self.engine = engine
+        self.actor = actor
+
+    @abc.abstractmethod
+    async def push(self, version: str) -> None:
+        """Sends the trainer's weights; every sample generated with them records ``version``."""
+
+
+class TensorSync(WeightSync):
+    """In memory: the trainer's HF-named tensors (through Ray's object store for engine actors)."""
+
+    mode = "tensor"
+
+    def __init__(self, engine: Engine, actor: Trainer) -> None:
+        from agentrl.orchestration.cluster import TrainerGroup
+        from agentrl.orchestration.engines import EngineGroup
+
+        super().__init__(engine, actor)
+        # engine actors read rank 0's object-store copy; an in-process engine takes the tensors
+        self.by_reference = isinstance(engine, EngineGroup) and isinstance(actor, TrainerGroup)
+
+    async def push(self, version: str) -> None:
+        if self.by_reference:
+            state: Any = self.actor.hf_state_dict_ref()  # type: ignore[attr-defined]
+        else:
+            state = self.actor.hf_state_dict()
+        await self.engine.update_weights(state_dict=state, version=version)
+
+
+class DiskSync(WeightSync):
+    """Through a Hugging Face directory under ``root`` that every engine loads.
+
+    Args:
+        engine: The rollout's engine.
+        root: Where versions are written (``<output-dir>/weights``).
+    """
+
+    mode = "disk"
+
+    def __init__(self, engine: Engine, actor: Trainer, root: str | Path) -> None:
+        super().__init__(engine, actor)
+        self.root = Path(root)
+
+    async def push(self, version: str) -> None:
+        previous = sorted(self.root.glob("v*")) if self.root.is_dir() else []
+        path = Path(self.actor.save_hf(self.root / f"v{version}"))
+        await self.engine.update_weights(path=str(path), version=version)
+        for old in previous:  # engines have loaded the new one: the old ones are garbage
+            if old != path:
+                shutil.rmtree(old, ignore_errors=True)
+
+
+class BroadcastSync(WeightSync):
+    """SGLang's NCCL path (gloo on CPU): the first push forms a group of the trainer's rank 0
+    and every server TP rank; each push then broadcasts the tensors while the servers receive.
+
+    The group's name and the tensors' metadata are this strategy's state, set on the first push.
+    """
+
+    mode = "broadcast"
+
+    def __init__(self, engine: Engine, actor: Trainer) -> None:
+        from agentrl.orchestration.cluster import TrainerGroup
         from agentrl.rollout.engine.sglang import SGLangEngine
 
-        mode = "disk" if isinstance(engine, SGLangEngine) else "tensor"
-    if mode == "broadcast":
-        await _broadcast(actor, engine, version)
-        return
-    if mode == "disk":
-        root = Path(output_dir) / "weights"
-        previous = sorted(root.glob("v*")) if root.is_dir() else []
-        path = actor.save_hf(root / f"v{version}")
-        await engine.update_weights(path=str(path), version=version)
-        for old in previous:  # engines have loaded the new one: the old ones are garbage
-            if old != Path(path):
-                shutil.rmtree(old, ignore_errors=True)
-        return
-    if mode != "tensor":
-        raise ValueError(f"unknown weight sync mode {mode!r}")
-    from agentrl.orchestration.engines import EngineGroup
+        if not isinstance(engine, SGLangEngine):
+            raise ConfigError("--weight-sync broadcast is for SGLang servers (--rollout-backend sglang*)")
+        super().__init__(engine, actor)
+        self.sglang = engine
+        self.ranks_in_ray = isinstance(actor, TrainerGroup)
+        self.group: str | None = None
+        self.metadata: dict[str, list[Any]] | None = None
 
-    if isinstance(engine, EngineGroup) and hasattr(actor, "hf_state_dict_ref"):
-        state = actor.hf_state_dict_ref()  # stays in the object store until the engines read it
-    else:
-        state = actor.hf_state_dict()
-    await engine.update_weights(state_dict=state, version=version)
+    async def push(self, version: str) -> None:
+        if self.group is None:
+            await self._open()
+        assert self.group is not None and self.metadata is not None
+        await asyncio.gather(
+            self.sglang.update_weights_from_distributed(self.metadata, version, self.group),
+            asyncio.to_thread(self.actor.broadcast_weights))
 
+    async def _open(self) -> None:
+        import torch
 
-async def _broadcast(actor: Any, engine: Any, version: str) -> None:
-    """SGLang's NCCL path (gloo on CPU): the first push forms a group of the trainer's rank 0
-    and every server TP rank; each push then broadcasts the tensors while the servers receive."""
-    import asyncio
-    import socket
-    from urllib.parse import urlparse
-
-    import torch
-
-    from agentrl.rollout.engine.sglang import SGLangEngine
-
-    if not isinstance(engine, SGLangEngine):
-        raise ValueError("--weight-sync broadcast is for SGLang servers (--rollout-backend sglang*)")
-    if engine.weight_group_name is None:
-        if hasattr(actor, "rank0_address"):
-            master, port = await asyncio.to_thread(actor.rank0_address)
+        engine, actor = self.sglang, self.actor
+        if self.ranks_in_ray:  # rank 0's node and a free port there
+            master, port = await asyncio.to_thread(actor.rank0_address)  # type: ignore[attr-defined]
         else:
             with socket.socket() as sock:
                 sock.bind(("", 0))
@@ -92,10 +143,33 @@ async def _broadcast(actor: Any, engine: Any, version: str) -> None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         world = 1 + engine.tp_size * (len(engine.workers) - len(engine.down))
         await asyncio.gather(engine.init_weight_group(master, port, name, backend),
-                             asyncio.to_thread(actor.open_weight_group, master, port, world, name, backend))  # fmt: skip
-        engine.weight_group_name = name
-        engine.weight_metadata = await asyncio.to_thread(actor.weight_metadata)
-    assert engine.weight_metadata is not None
-    await asyncio.gather(
-        engine.update_weights_from_distributed(engine.weight_metadata, version, engine.weight_group_name),
-        asyncio.to_thread(actor.broadcast_weights))  # fmt: skip
+                             asyncio.to_thread(actor.open_weight_group, master, port, world, name, backend))
+        self.group = name
+        self.metadata = await asyncio.to_thread(actor.weight_metadata)
+
+
+def weight_sync_for(engine: Engine, actor: Trainer, mode: str, output_dir: str | Path) -> WeightSync:
+    """The strategy ``--weight-sync mode`` means for ``engine`` and ``actor``.
+
+    Args:
+        engine: The rollout's engine (embedded, an engine group, or SGLang servers).
+        actor: The trainer (in this process, or a :class:`~agentrl.orchestration.cluster.
+            TrainerGroup` of Ray actors).
+        mode: ``tensor``, ``disk``, ``broadcast`` or ``auto`` (disk for SGLang servers, else
+            tensor).
+        output_dir: The run's folder; ``disk`` writes under ``<output_dir>/weights``.
+
+    Raises:
+        ConfigError: ``broadcast`` for an engine that is not SGLang servers, or an unknown mode.
+    """
+    if mode == "auto":
+        from agentrl.rollout.engine.sglang import SGLangEngine
+
+        mode = "disk" if isinstance(engine, SGLangEngine) else "tensor"
+    if mode == "tensor":
+        return TensorSync(engine, actor)
+    if mode == "disk":
+        return DiskSync(engine, actor, Path(output_dir) / "weights")
+    if mode == "broadcast":
+        return BroadcastSync(engine, actor)
+    raise ConfigError(f"--weight-sync must be auto, tensor, disk or broadcast, got {mode!r}")
