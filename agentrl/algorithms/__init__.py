@@ -1,6 +1,6 @@
 """RL math for the trainer: advantage and KL estimators and losses, as pure tensor functions.
 
-Imports only torch. The exact semantics follow rl-semantics.md (the reference system's flags).
+Imports only torch. What each flag means: docs/rl-semantics.md.
 
 Layout
     A batch of ``B`` samples is packed into padded ``[B, T]`` tensors over RESPONSE tokens only

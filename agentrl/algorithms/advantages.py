@@ -208,7 +208,7 @@ def reinforce_plus_plus_baseline_advantages(
 ) -> torch.Tensor:
     """REINFORCE++ with a group baseline: ``A_t = whiten(r - mean_g(r) - kl_coef * KL_t)``.
 
-    rl-semantics.md: ``r - mean_group(r)`` broadcast to every mask-1 token, minus that token's
+    docs/rl-semantics.md: ``r - mean_group(r)`` broadcast to every mask-1 token, minus that token's
     own ``kl_coef * KL_t`` (not the sum of later tokens' KL), then masked-whitened over the batch.
 
     Args:

@@ -1,7 +1,7 @@
 """Per-token estimators of KL(pi || pi_ref) from log-probs of tokens sampled from pi.
 
 With ``log_ratio = logp - ref_logp`` (log pi(y_t) - log pi_ref(y_t), y_t ~ pi), following
-J. Schulman, "Approximating KL Divergence" (2020) and rl-semantics.md:
+J. Schulman, "Approximating KL Divergence" (2020) and docs/rl-semantics.md:
 
 * ``k1 = log_ratio`` - unbiased, high variance, can be negative per token.
 * ``k2 = log_ratio^2 / 2`` - biased, low variance, >= 0.
