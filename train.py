@@ -18,41 +18,27 @@ import sys
 
 from agentrl.errors import AgentRLError
 from agentrl.eval.runner import run_evaluation
-from agentrl.models import build_tiny_model
 from agentrl.orchestration.checkpoints import checkpoint_folder, latest_checkpoint, mark_latest
-from agentrl.orchestration.cluster import TrainerGroup, start_ray
+from agentrl.orchestration.cluster import TrainerGroup
 from agentrl.orchestration.flags import parse_args
 from agentrl.orchestration.run_log import RunLog
-from agentrl.orchestration.serving import serve_policy
+from agentrl.orchestration.serving import start_policy
 from agentrl.orchestration.weights import weight_sync_for
 from agentrl.rollout import RolloutRunner, env_factory, load_data_source, make_rollout_context
+from agentrl.rollout.build import policy_checkpoint
 from agentrl.rollout.demonstrations import DemoBatch, demonstrations
-from agentrl.trainer.protocol import Trainer
 
 
 async def main(argv: list[str]) -> None:
     args = parse_args(argv)
     rollout, trainer, run = args.rollout, args.trainer, args.run
-    steps = trainer.num_steps_per_rollout
     log = RunLog.from_config(args)
     envs = env_factory(rollout)  # every env of the run: rollouts, data, eval (one sandbox pool)
     data = load_data_source(rollout, envs)  # the prompts: read and checked before anything heavy
 
-    # the policy, trained with Megatron: one Ray actor per rank (or in this process)
-    checkpoint = rollout.hf_checkpoint or build_tiny_model()
-    actor_kwargs = {"hf_checkpoint": checkpoint, "rollout_temperature": rollout.rollout_temperature,
-                    "total_steps": run.num_rollout * steps}
-    actor: Trainer
-    if args.cluster.use_ray:
-        start_ray(args.cluster)
-        actor = TrainerGroup(args.cluster, trainer, **actor_kwargs)
-    else:
-        from agentrl.trainer.actor import MegatronActor
-
-        actor = MegatronActor(trainer, **actor_kwargs)
-
-    # the same weights, served for rollouts (in this process, or engine actors)
-    engine = await serve_policy(rollout, args.cluster, checkpoint, trainer=actor)
+    # the policy: trained with Megatron (Ray ranks, or this process), served by the engine
+    checkpoint = policy_checkpoint(rollout)  # --hf-checkpoint, or the built-in tiny model
+    actor, engine = await start_policy(args, checkpoint)
     weights = weight_sync_for(engine, actor, run.weight_sync, run.output_dir)  # chosen once
     ctx = make_rollout_context(rollout, engine, envs)
     runner = RolloutRunner.from_context(ctx, data)

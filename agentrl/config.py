@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None 
         group.add_argument(
             flag(field.name), *aliases.get(field.name, ()), dest=field.name, default=argparse.SUPPRESS,
             help=f"{help_text} (default: {default!r})", **kwargs,
-        )  # fmt: skip
+        )
 
 
 def from_namespace(cls: type[C], namespace: argparse.Namespace | Any, **overrides: Any) -> C:

@@ -83,7 +83,7 @@ def _only_definition(module: Any, flag: str, spec: str) -> str:
     own = [
         n for n, v in vars(module).items()
         if not n.startswith("_") and callable(v) and getattr(v, "__module__", None) == module.__name__
-    ]  # fmt: skip
+    ]
     if len(own) != 1:
         raise PluginError(
             f"{flag} {spec!r}: the file defines {len(own)} public functions/classes "

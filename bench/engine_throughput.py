@@ -34,7 +34,7 @@ def _prompts(vocab_size: int, count: int, length: int, seed: int = 0) -> list[li
     rng = random.Random(seed)
     spread = max(1, length // 4)
     return [[rng.randrange(16, vocab_size) for _ in range(length + rng.randint(-spread, spread))]
-            for _ in range(count)]  # fmt: skip
+            for _ in range(count)]
 
 
 async def _engine_run(engine: EmbeddedEngine, prompts: list[list[int]], new_tokens: int) -> float:
@@ -59,7 +59,7 @@ def _hf_run(model: Any, prompts: list[list[int]], new_tokens: int, pad_id: int) 
     start = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
-                             do_sample=False, pad_token_id=pad_id)  # fmt: skip
+                             do_sample=False, pad_token_id=pad_id)
     elapsed = time.perf_counter() - start
     if out.shape[1] != longest + new_tokens:
         raise RuntimeError("transformers produced the wrong number of tokens")
@@ -69,7 +69,7 @@ def _hf_run(model: Any, prompts: list[list[int]], new_tokens: int, pad_id: int) 
 def engine_vs_hf_generate(
     model_dir: str | Path, n_requests: int = 16, new_tokens: int = 64, prompt_len: int = 32,
     repeats: int = 5,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Median tokens/s of the engine and of transformers, and their ratio.
 
     Args:
@@ -97,7 +97,7 @@ def engine_vs_hf_generate(
         _hf_run(hf, prompts, new_tokens, pad_id)
         for _ in range(repeats):
             engine_rates.append(tokens / loop.run_until_complete(
-                _engine_run(engine, prompts, new_tokens)))  # fmt: skip
+                _engine_run(engine, prompts, new_tokens)))
             hf_rates.append(tokens / _hf_run(hf, prompts, new_tokens, pad_id))
             print(f"engine {engine_rates[-1]:9.1f} tok/s   transformers {hf_rates[-1]:9.1f} tok/s")
     finally:
@@ -123,7 +123,7 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch intra-op threads, both sides (default: torch's)")  # fmt: skip
+                        help="torch intra-op threads, both sides (default: torch's)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -134,11 +134,11 @@ def main() -> None:
 
         model_dir = build_tiny_model()
     result = engine_vs_hf_generate(model_dir, args.requests, args.new_tokens, args.prompt_len,
-                                   args.repeats)  # fmt: skip
+                                   args.repeats)
     print(f"threads={torch.get_num_threads()} engine={result['engine_tok_s']:.1f} tok/s "
-          f"transformers={result['hf_tok_s']:.1f} tok/s stats={result['stats']}")  # fmt: skip
+          f"transformers={result['hf_tok_s']:.1f} tok/s stats={result['stats']}")
     print(json.dumps({"name": "engine_vs_hf_generate", "value": round(result["ratio"], 3),
-                      "target": ">= 2"}))  # fmt: skip
+                      "target": ">= 2"}))
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ def one_seed(seed: int, args: argparse.Namespace, out: Path) -> dict[str, float]
     sft_s = run_train([*common, "--loss-type", "sft_loss", "--num-rollout", str(args.sft_rollouts),
                        "--rollout-batch-size", "32", "--n-samples-per-prompt", "1", "--lr", "1e-3", "--rollout-shuffle",
                        "--save-hf", str(run / "sft-hf"), "--save-interval", str(args.sft_rollouts),
-                       "--output-dir", str(run / "sft")])  # fmt: skip
+                       "--output-dir", str(run / "sft")])
     warm = run / "sft-hf" / f"rollout_{args.sft_rollouts:05d}"
     before = held_out_success(warm, args.eval_tasks, args.eval_samples)
     print(f"seed {seed}: warm start held-out success {before:.3f} ({args.sft_rollouts} SFT steps, "
@@ -84,9 +84,9 @@ def one_seed(seed: int, args: argparse.Namespace, out: Path) -> dict[str, float]
     grpo_s = run_train([*common, "--hf-checkpoint", str(warm), "--num-rollout", str(args.grpo_rollouts),
                         "--rollout-batch-size", "8", "--n-samples-per-prompt", "8", "--lr", "3e-4",
                         "--rollout-shuffle", "--save-hf", str(run / "grpo-hf"),
-                        "--save-interval", str(args.grpo_rollouts), "--output-dir", str(run / "grpo")])  # fmt: skip
+                        "--save-interval", str(args.grpo_rollouts), "--output-dir", str(run / "grpo")])
     after = held_out_success(run / "grpo-hf" / f"rollout_{args.grpo_rollouts:05d}", args.eval_tasks,
-                             args.eval_samples)  # fmt: skip
+                             args.eval_samples)
     print(f"seed {seed}: warm start {before:.3f} -> GRPO {after:.3f} (SFT {sft_s:.0f} s, "
           f"GRPO {grpo_s:.0f} s)", flush=True)
     result = {"seed": seed, "before": before, "after": after, "sft_s": sft_s, "grpo_s": grpo_s}
@@ -147,7 +147,7 @@ def main() -> None:
           f"GRPO wall {statistics.fmean(r['grpo_s'] for r in results):.0f} s per seed")
     plot(out, args.seeds)
     print(json.dumps({"name": "learning_gain", "value": round(statistics.fmean(gains), 3),
-                      "target": ">= 0.2"}))  # fmt: skip
+                      "target": ">= 0.2"}))
 
 
 if __name__ == "__main__":

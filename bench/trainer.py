@@ -45,7 +45,7 @@ GPU_CONFIG = {  # ~0.5B parameters, Qwen2.5-0.5B's shape
     "num_attention_heads": 14, "num_key_value_heads": 2, "max_position_embeddings": 4096,
     "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
     "torch_dtype": "bfloat16", "hidden_act": "silu",
-}  # fmt: skip
+}
 
 
 def make_samples(count: int, seq_len: int, vocab: int, prompt_len: int = 32) -> list[Sample]:
@@ -56,7 +56,7 @@ def make_samples(count: int, seq_len: int, vocab: int, prompt_len: int = 32) -> 
         n = seq_len - prompt_len
         out.append(Sample(group_id=i // 4, index=i % 4, tokens=tokens, response_length=n,
                           loss_mask=[1] * n, rollout_log_probs=[-1.0] * n, reward=float(i % 2),
-                          status=Status.COMPLETED, turns=[Turn("assistant", 0, n)]))  # fmt: skip
+                          status=Status.COMPLETED, turns=[Turn("assistant", 0, n)]))
     return out
 
 
@@ -102,7 +102,7 @@ def megatron_step_fn(model_dir: Path, samples: list[Sample], micro: int, lr: flo
     from agentrl.trainer.config import TrainerConfig
 
     actor = MegatronActor(TrainerConfig(lr=lr, micro_batch_size=micro, clip_grad=1.0),
-                          hf_checkpoint=model_dir, rollout_temperature=TEMPERATURE)  # fmt: skip
+                          hf_checkpoint=model_dir, rollout_temperature=TEMPERATURE)
     return lambda: actor.train(samples)
 
 
@@ -162,7 +162,7 @@ def child(args: argparse.Namespace) -> None:
     sampler = threading.Thread(target=sample_rss, daemon=True)
     sampler.start()
     fn = (megatron_step_fn(model_dir, samples, args.micro_batch_size, 1e-5) if args.child == "megatron"
-          else torch_step_fn(model_dir, samples, args.micro_batch_size, 1e-5, args.device))  # fmt: skip
+          else torch_step_fn(model_dir, samples, args.micro_batch_size, 1e-5, args.device))
     for _ in range(2):
         fn()
     done.set()
@@ -203,21 +203,21 @@ def main() -> None:
                                   str(args.samples), "--seq-len", str(args.seq_len),
                                   "--micro-batch-size", str(args.micro_batch_size),
                                   *(["--model", args.model] if args.model else [])],
-                                 capture_output=True, text=True, check=True)  # fmt: skip
+                                 capture_output=True, text=True, check=True)
             memory[side] = json.loads(run.stdout.strip().splitlines()[-1])["peak_over_base_mib"]
         print(f"peak memory over the libraries' baseline: megatron {memory['megatron']:.0f} MiB, "
               f"torch {memory['torch']:.0f} MiB")
         print(json.dumps({"name": "trainer_peak_mem_mib", "value": {k: round(v) for k, v in memory.items()}}))
     if args.device == "cuda":
         params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM
-                     .from_pretrained(model_dir).parameters())  # fmt: skip
+                     .from_pretrained(model_dir).parameters())
         layers, hidden, seq = config["num_hidden_layers"], config["hidden_size"], args.seq_len
         flops_per_token = 6 * params + 12 * layers * hidden * seq
         mfu = median["megatron"] * flops_per_token / bf16_matmul_flops()
         print(json.dumps({"name": "trainer_mfu", "value": round(mfu, 3), "target": "report"}))
     ratio = median["megatron"] / median["torch"]
     print(json.dumps({"name": "trainer_vs_torch_tokens_per_s", "value": round(ratio, 3),
-                      "target": ">= 0.8"}))  # fmt: skip
+                      "target": ">= 0.8"}))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """RL math for the trainer: advantage and KL estimators and losses, as pure tensor functions.
 
-Imports only torch. What each flag means: docs/rl-semantics.md.
+Imports only torch (and that only with the functions). What each flag means: docs/rl-semantics.md.
 
 Layout
     A batch of ``B`` samples is packed into padded ``[B, T]`` tensors over RESPONSE tokens only
@@ -34,61 +34,33 @@ Losses
       ``seq_mean_token_sum``; mask-0 tokens never count, an empty mask gives 0.
 """
 
-from agentrl.algorithms.advantages import (
-    ESTIMATORS,
-    Advantages,
-    compute_advantages,
-    discounted_returns,
-    gae_advantages,
-    group_index,
-    grpo_advantages,
-    reinforce_plus_plus_baseline_advantages,
-    reinforce_plus_plus_returns,
-    token_rewards,
-)
-from agentrl.algorithms.batching import (
+import importlib
+from typing import Any
+
+from agentrl.algorithms.names import (
     AGGREGATIONS,
-    aggregate,
-    masked_mean,
-    masked_whiten,
-    pad_samples,
-    response_mask,
-)
-from agentrl.algorithms.kl import KL_KINDS, kl_estimate
-from agentrl.algorithms.losses import (
+    ESTIMATORS,
+    KL_KINDS,
     RATIO_KINDS,
-    entropy_bonus,
-    entropy_from_logits,
-    policy_loss,
-    tis_weights,
-    total_loss,
-    value_loss,
+    default_aggregation,
 )
 
-__all__ = [
-    "AGGREGATIONS",
-    "ESTIMATORS",
-    "KL_KINDS",
-    "RATIO_KINDS",
-    "Advantages",
-    "aggregate",
-    "compute_advantages",
-    "discounted_returns",
-    "entropy_bonus",
-    "entropy_from_logits",
-    "gae_advantages",
-    "group_index",
-    "grpo_advantages",
-    "kl_estimate",
-    "masked_mean",
-    "masked_whiten",
-    "pad_samples",
-    "policy_loss",
-    "reinforce_plus_plus_baseline_advantages",
-    "reinforce_plus_plus_returns",
-    "response_mask",
-    "tis_weights",
-    "token_rewards",
-    "total_loss",
-    "value_loss",
-]
+# The functions import torch: loaded on first use, so the names above stay cheap to import.
+_LAZY = {
+    **dict.fromkeys(("Advantages", "compute_advantages", "discounted_returns", "gae_advantages",
+                     "group_index", "grpo_advantages", "reinforce_plus_plus_baseline_advantages",
+                     "reinforce_plus_plus_returns", "token_rewards"), "agentrl.algorithms.advantages"),
+    **dict.fromkeys(("aggregate", "masked_mean", "masked_whiten", "pad_samples", "response_mask"),
+                    "agentrl.algorithms.batching"),
+    "kl_estimate": "agentrl.algorithms.kl",
+    **dict.fromkeys(("entropy_bonus", "entropy_from_logits", "policy_loss", "tis_weights",
+                     "total_loss", "value_loss"), "agentrl.algorithms.losses"),
+}
+
+__all__ = ["AGGREGATIONS", "ESTIMATORS", "KL_KINDS", "RATIO_KINDS", "default_aggregation", *sorted(_LAZY)]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'agentrl.algorithms' has no attribute {name!r}")

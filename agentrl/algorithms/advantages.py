@@ -19,8 +19,7 @@ from typing import NamedTuple
 import torch
 
 from agentrl.algorithms.batching import masked_whiten
-
-ESTIMATORS = ("grpo", "gspo", "ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+from agentrl.algorithms.names import ESTIMATORS
 
 GroupIds = torch.Tensor | Sequence[Hashable]
 

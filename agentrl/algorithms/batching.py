@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
+from agentrl.algorithms.names import AGGREGATIONS
 
 
 def pad_samples(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-KL_KINDS = ("k1", "k2", "k3", "low_var_kl")
+from agentrl.algorithms.names import KL_KINDS
 
 # exp(20) ~ 4.9e8 is finite in bf16/fp32; beyond it exp would overflow and the clamp's zero
 # gradient times inf would give NaN gradients.

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from agentrl.algorithms.batching import AGGREGATIONS, aggregate, masked_mean, masked_whiten
+from agentrl.algorithms.batching import aggregate, masked_mean, masked_whiten
 from agentrl.algorithms.kl import kl_estimate
+from agentrl.algorithms.names import AGGREGATIONS, RATIO_KINDS, default_aggregation
 
 __all__ = [
     "AGGREGATIONS",
@@ -28,24 +29,8 @@ __all__ = [
     "value_loss",
 ]
 
-RATIO_KINDS = ("token", "sequence")
 
 Metrics = dict[str, torch.Tensor]
-
-
-def default_aggregation(ratio: str) -> str:
-    """The policy loss's aggregation when none is chosen, by importance ratio kind.
-
-    GSPO (``ratio="sequence"``) defines its objective as a mean over sequences of per-sequence
-    terms, so each sequence weighs the same whatever its length: ``seq_mean_token_mean``. The
-    token ratio (PPO, GRPO) averages over tokens: ``token_mean``.
-
-    Raises:
-        ValueError: Unknown ratio kind.
-    """
-    if ratio not in RATIO_KINDS:
-        raise ValueError(f"unknown ratio {ratio!r}; choose one of {', '.join(RATIO_KINDS)}")
-    return "seq_mean_token_mean" if ratio == "sequence" else "token_mean"
 
 
 def _check_shapes(mask: torch.Tensor, **tensors: torch.Tensor | None) -> None:

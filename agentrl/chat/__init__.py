@@ -16,8 +16,17 @@ history renders) and a tool-call format that reads what the template writes;
 :meth:`ChatRenderer.self_check` verifies both, token for token, at start-up.
 """
 
+from typing import Any
+
 from agentrl.chat.renderer import ChatRenderer
 from agentrl.chat.templates import CHATML_HERMES_TEMPLATE
-from agentrl.chat.tiny_tokenizer import build_tiny_tokenizer
 
 __all__ = ["CHATML_HERMES_TEMPLATE", "ChatRenderer", "build_tiny_tokenizer"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "build_tiny_tokenizer":  # imports transformers: only when a tokenizer is built
+        from agentrl.chat.tiny_tokenizer import build_tiny_tokenizer
+
+        return build_tiny_tokenizer
+    raise AttributeError(f"module 'agentrl.chat' has no attribute {name!r}")

@@ -82,7 +82,7 @@ class ChatRenderer:
         self, tokenizer: Any, tool_call_format: str | ToolCallFormat = "hermes", *,
         chat_template: str | None = None, end_of_turn: str | None = None,
         template_name: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.tokenizer = tokenizer
         fmt = tool_call_format
         self.tool_call_format = get_format(fmt) if isinstance(fmt, str) else fmt
@@ -131,7 +131,7 @@ class ChatRenderer:
             return self.tokenizer.apply_chat_template(
                 self.normalize_messages(messages), tools=list(tools) if tools else None,
                 add_generation_prompt=add_generation_prompt, tokenize=False, **extra,
-            )  # fmt: skip
+            )
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"{self.template_name}: rendering failed: {exc}") from exc
 
@@ -222,7 +222,7 @@ class ChatRenderer:
     def _mismatch(
         self, step: str, expected: Sequence[int], got: Sequence[int], what: str,
         labels: tuple[str, str] = ("the token-in/token-out sequence", "the full render"),
-    ) -> ChatTemplateError:  # fmt: skip
+    ) -> ChatTemplateError:
         """The error for a token sequence ``got`` that should equal ``expected``."""
         pairs = enumerate(zip(expected, got, strict=False))
         index = next((i for i, (a, b) in pairs if a != b), min(len(expected), len(got)))

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EMBEDDED_MODEL_TYPES", "architecture", "check_supported", "read_config", "read_safetensors",
-           "rope_theta"]
+__all__ = ["EMBEDDED_MODEL_TYPES", "architecture", "check_supported", "load_tokenizer", "read_config",
+           "read_safetensors", "rope_theta"]
 
 EMBEDDED_MODEL_TYPES = ("qwen2", "llama")
 """Model types the embedded engine serves (the Megatron trainer also trains ``qwen3``, whose
@@ -41,7 +41,7 @@ def read_config(source: str | Path, error: type[Exception]) -> dict[str, Any]:
 
 
 def check_supported(raw: Mapping[str, Any], supported: tuple[str, ...], who: str,
-                    error: type[Exception]) -> str:  # fmt: skip
+                    error: type[Exception]) -> str:
     """The config's model type, after refusing what neither the engine nor the trainer runs.
 
     Raises:
@@ -51,13 +51,13 @@ def check_supported(raw: Mapping[str, Any], supported: tuple[str, ...], who: str
     model_type = raw.get("model_type")
     if model_type not in supported:
         raise error(f"config field 'model_type' is {model_type!r}; {who} supports "
-                    f"{', '.join(supported)}")  # fmt: skip
+                    f"{', '.join(supported)}")
     act = raw.get("hidden_act", "silu")
     if act != "silu":
         raise error(f"config field 'hidden_act' is {act!r}; only 'silu' is supported")
     if raw.get("use_sliding_window"):
         raise error("config field 'use_sliding_window' is true; sliding-window attention is not "
-                    "supported")  # fmt: skip
+                    "supported")
     return str(model_type)
 
 
@@ -91,14 +91,14 @@ def rope_theta(raw: Mapping[str, Any], error: type[Exception]) -> float:
         kind = params.get("rope_type", params.get("type", "default"))
         if kind not in (None, "default"):
             raise error(f"config field 'rope_parameters.rope_type' is {kind!r}; only the "
-                        "default rotary embedding is supported")  # fmt: skip
+                        "default rotary embedding is supported")
         return float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
     scaling = raw.get("rope_scaling")
     if scaling:
         kind = scaling.get("rope_type", scaling.get("type"))
         if kind not in (None, "default"):
             raise error(f"config field 'rope_scaling' has type {kind!r}; only the "
-                        "default rotary embedding is supported")  # fmt: skip
+                        "default rotary embedding is supported")
     return float(raw.get("rope_theta", 10000.0))
 
 
@@ -126,3 +126,13 @@ def read_safetensors(root: str | Path, error: type[Exception]) -> dict[str, Any]
     for file in files:
         tensors.update(load_file(str(file), device="cpu"))
     return tensors
+
+
+def load_tokenizer(root: str | Path) -> Any | None:
+    """The directory's Hugging Face tokenizer, or None when it has none."""
+    root = Path(root)
+    if not ((root / "tokenizer.json").is_file() or (root / "tokenizer_config.json").is_file()):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(root))

@@ -48,13 +48,13 @@ def _write_checkpoint(directory: Path, cache_dir: Path) -> None:
     tokenizer = build_tiny_tokenizer(cache_dir)
     if len(tokenizer) != TINY_VOCAB_SIZE:
         raise RuntimeError(f"tiny tokenizer has {len(tokenizer)} tokens, "
-                           f"expected {TINY_VOCAB_SIZE}")  # fmt: skip
+                           f"expected {TINY_VOCAB_SIZE}")
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     config = Qwen2Config(
         **TINY_MODEL_CONFIG, eos_token_id=eos, pad_token_id=pad, bos_token_id=None,
         dtype="float32",
-    )  # fmt: skip
+    )
     # fork_rng: seeding must not disturb the caller's global random state.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_SEED)

@@ -41,7 +41,7 @@ async def engine_bundles(cluster: Any, trainer: Any = None) -> EngineBundles:
             raise EngineError("--colocate needs the trainer's placement group")
         resources = {"num_cpus": cluster.cpus_per_rank / 2, **({"num_gpus": 0.5} if gpu else {})}
         return EngineBundles(trainer.placement, list(range(cluster.num_engines)), resources,
-                             max(1, cluster.cpus_per_rank // 2), owns_placement=False)  # fmt: skip
+                             max(1, cluster.cpus_per_rank // 2), owns_placement=False)
     per_engine = cluster.rollout_num_gpus_per_engine
     bundle = {"CPU": 1, **({"GPU": per_engine} if gpu else {})}
     placement = placement_group([dict(bundle) for _ in range(cluster.num_engines)], strategy="PACK")

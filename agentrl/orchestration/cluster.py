@@ -11,9 +11,11 @@ locally unless ``--ray-address`` names a cluster.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import os
 import socket
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -120,7 +122,7 @@ def start_ray(config: ClusterConfig) -> None:
     cpus = max(os.cpu_count() or 1, config.world_size * config.cpus_per_rank + engines)
     # "local": a new instance even if `ray start` left a cluster address on this machine
     ray.init(address="local", num_cpus=cpus, object_store_memory=256 * 2**20,
-             include_dashboard=False, log_to_driver=False, namespace=RAY_NAMESPACE)  # fmt: skip
+             include_dashboard=False, log_to_driver=False, namespace=RAY_NAMESPACE)
 
 
 class _TrainerRank:
@@ -157,21 +159,53 @@ class _TrainerRank:
 class TrainerGroup:
     """The trainer's ranks as Ray actors in one placement group.
 
+    The ranks build their models in the background; every method first waits for that
+    (:meth:`ready`), so a caller can do other work (load the engine, play the first rollout)
+    meanwhile.
+
     Args:
         cluster: Placement flags.
         trainer_config: The trainer's flags (sent to every rank as a dict, rebuilt there).
+        start_ray_here: Start a local Ray instance first, in a thread of its own that lives as
+            long as the group (Ray ties its processes to the thread that started them), so
+            that Ray's start-up too runs in the background. Otherwise Ray must be running.
         **actor_kwargs: Passed to every rank's :class:`~agentrl.trainer.actor.MegatronActor`
             (``hf_checkpoint``, ``rollout_temperature``, ``total_steps``, ``pad_id``).
     """
 
-    def __init__(self, cluster: ClusterConfig, trainer_config: TrainerConfig,
-                 **actor_kwargs: Any) -> None:
+    def __init__(self, cluster: ClusterConfig, trainer_config: TrainerConfig, *,
+                 start_ray_here: bool = False, **actor_kwargs: Any) -> None:
+        self.cluster = cluster
+        self.ranks: list[Any] = []
+        self.placement: Any = None
+        self._setup: list[Any] | None = None
+        self._placed: concurrent.futures.Future[None] | None = None
+        self._stop = threading.Event()
+        if not start_ray_here:
+            self._place(trainer_config, actor_kwargs)
+            return
+        self._placed = placed = concurrent.futures.Future()
+        threading.Thread(target=self._own_ray, args=(placed, trainer_config, actor_kwargs),
+                         name="agentrl-ray", daemon=True).start()
+
+    def _own_ray(self, placed: concurrent.futures.Future[None], trainer_config: TrainerConfig,
+                 actor_kwargs: dict[str, Any]) -> None:
+        try:
+            start_ray(self.cluster)
+            self._place(trainer_config, actor_kwargs)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller by ready()
+            placed.set_exception(exc)
+            return
+        placed.set_result(None)
+        self._stop.wait()  # Ray's processes die with the thread that started them
+
+    def _place(self, trainer_config: TrainerConfig, actor_kwargs: dict[str, Any]) -> None:
         import ray
         import torch
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        self.cluster = cluster
+        cluster = self.cluster
         gpus = 1 if torch.cuda.is_available() else 0
         bundle = {"CPU": cluster.cpus_per_rank, **({"GPU": gpus} if gpus else {})}
         share = 0.5 if cluster.colocate else 1.0  # colocated: an engine takes the other half
@@ -187,22 +221,41 @@ class TrainerGroup:
             ).remote()
             for rank in range(cluster.world_size)
         ]
-        master = ray.get(self.ranks[0].address.remote())
+        master = self.ranks[0].address.remote()  # Ray hands setup the value once it exists
         kwargs = {k: str(v) if isinstance(v, Path) else v for k, v in actor_kwargs.items()}
         kwargs["config"] = dataclasses.asdict(trainer_config)
         threads = max(1, cluster.cpus_per_rank)
-        ray.get([r.setup.remote(i, cluster.world_size, master, threads, dict(kwargs))
-                 for i, r in enumerate(self.ranks)])
+        # Not awaited here: the ranks build Megatron while the driver loads the engine and plays
+        # the first rollout; the first call on the group waits for it (and raises its errors).
+        self._setup = [r.setup.remote(i, cluster.world_size, master, threads, dict(kwargs))
+                       for i, r in enumerate(self.ranks)]
+
+    def ready(self) -> None:
+        """Waits until every rank has built its model (once; later calls return at once).
+
+        Raises:
+            ray.exceptions.RayTaskError: A rank's set-up failed.
+        """
+        import ray
+
+        placed, self._placed = self._placed, None
+        if placed is not None:
+            placed.result()
+        setup, self._setup = self._setup, None
+        if setup is not None:
+            ray.get(setup)
 
     def _all(self, method: str, *args: Any, **kwargs: Any) -> Any:
         import ray
 
+        self.ready()
         return ray.get([r.call.remote(method, *args, **kwargs) for r in self.ranks])[0]
 
     def train(self, samples: Sequence[Sample]) -> dict[str, float]:
         """Every rank trains on the same samples; rank 0's metrics."""
         import ray
 
+        self.ready()
         return self._all("train", ray.put(list(samples)))
 
     def hf_state_dict(self) -> dict[str, Any]:
@@ -213,6 +266,7 @@ class TrainerGroup:
         ``ObjectRef`` goes to the engine actors without a copy through the driver."""
         import ray
 
+        self.ready()
         refs = [r.call.remote("hf_state_dict") for r in self.ranks]
         ray.get(refs[1:])  # the other ranks answer None once the gather is done; raises their errors
         ray.wait(refs[:1], fetch_local=False)
@@ -222,6 +276,7 @@ class TrainerGroup:
         """Rank 0's node address and a free port there (e.g. for a weight-broadcast group)."""
         import ray
 
+        self.ready()
         return ray.get(self.ranks[0].address.remote())
 
     def open_weight_group(self, master_address: str, master_port: int, world_size: int,
@@ -250,7 +305,9 @@ class TrainerGroup:
         import ray
         from ray.util.placement_group import remove_placement_group
 
+        self.ready()
         for rank in self.ranks:
             ray.kill(rank)
         self.ranks = []
         remove_placement_group(self.placement)
+        self._stop.set()

@@ -60,7 +60,7 @@ class _EngineServer:
     """One engine process (a Ray actor; see :class:`EngineGroup`)."""
 
     def __init__(self, checkpoint: str, *, seed: int, max_batch_size: int, threads: int,
-                 version: str, max_context_len: int | None) -> None:  # fmt: skip
+                 version: str, max_context_len: int | None) -> None:
         import torch
 
         from agentrl.rollout.engine.embedded import EmbeddedEngine
@@ -70,21 +70,21 @@ class _EngineServer:
         self.engine = EmbeddedEngine.from_pretrained(checkpoint, device=device, seed=seed,
                                                      max_batch_size=max_batch_size,
                                                      max_context_len=max_context_len,
-                                                     weight_version=version)  # fmt: skip
+                                                     weight_version=version)
         self.requests = 0  # generate calls received, for operators and drills
 
     async def info(self) -> dict[str, Any]:
         return {"max_context_len": self.engine.max_context_len, "pid": os.getpid(),
                 "weight_version": self.engine.weight_version,
-                "requests": self.requests}  # fmt: skip
+                "requests": self.requests}
 
     async def generate(self, input_ids: list[int], sampling: SamplingParams,
-                       rid: str | None) -> GenerateOutput:  # fmt: skip
+                       rid: str | None) -> GenerateOutput:
         self.requests += 1
         return await self.engine.generate(input_ids, sampling, rid)
 
     async def update_weights(self, state_dict: Mapping[str, Any] | None, path: str | None,
-                             version: str) -> None:  # fmt: skip
+                             version: str) -> None:
         await self.engine.update_weights(state_dict=state_dict, path=path, version=version)
 
     async def pause(self, mode: str) -> None:
@@ -155,7 +155,7 @@ class EngineGroup(Engine):
         fault_tolerance: bool = False, health_check_interval: float = 10.0,
         health_check_timeout: float = 30.0, max_retries: int = 3,
         max_context_len: int | None = None, owns_placement: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if not bundles:
             raise EngineError("an EngineGroup needs at least one engine")
         self.placement = placement
@@ -301,12 +301,12 @@ class EngineGroup(Engine):
             max_concurrency=10_000, **self.resources,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=self.placement, placement_group_bundle_index=slot.bundle),
-        )  # fmt: skip
+        )
         slot.launches += 1
         handle = remote.remote(self.checkpoint, seed=self.seed + slot.index,
                                max_batch_size=self.max_batch_size, threads=self.threads,
                                version=self._version,
-                               max_context_len=self.context_len_limit)  # fmt: skip
+                               max_context_len=self.context_len_limit)
         info = await handle.info.remote()
         if self._weights is not None:  # a restart: the weights it must serve are the latest push
             ref, path = self._weights
@@ -392,7 +392,7 @@ class EngineGroup(Engine):
             except RayActorError as exc:
                 if not self.fault_tolerance:
                     raise EngineError(f"engine {slot.index} died during {method}: "
-                                      f"{exc.__class__.__name__}") from exc  # fmt: skip
+                                      f"{exc.__class__.__name__}") from exc
                 self._lost(slot, handle, f"{method} failed")
                 return None
 
@@ -400,9 +400,9 @@ class EngineGroup(Engine):
 
 
 async def launch_engines(cluster: Any, checkpoint: str | Path, *, seed: int, max_batch_size: int,
-                         trainer: Any = None, max_context_len: int | None = None) -> EngineGroup:  # fmt: skip
+                         trainer: Any = None, max_context_len: int | None = None) -> EngineGroup:
     """Embedded engine actors on the bundles of :func:`engine_bundles`."""
-    from agentrl.rollout.engine.embedded import load_tokenizer
+    from agentrl.models.hf_config import load_tokenizer
 
     where = await engine_bundles(cluster, trainer)
     return await EngineGroup.launch(
@@ -412,4 +412,4 @@ async def launch_engines(cluster: Any, checkpoint: str | Path, *, seed: int, max
         health_check_interval=cluster.rollout_health_check_interval,
         health_check_timeout=cluster.rollout_health_check_timeout,
         max_context_len=max_context_len, owns_placement=where.owns_placement,
-    )  # fmt: skip
+    )

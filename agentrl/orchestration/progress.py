@@ -29,7 +29,7 @@ class RunProgress:
     """
 
     def __init__(self, num_rollout: int, samples_per_rollout: int, steps_per_rollout: int,
-                 enabled: bool = True, console: Any = None) -> None:  # fmt: skip
+                 enabled: bool = True, console: Any = None) -> None:
         self.samples_per_rollout = samples_per_rollout
         self.steps_per_rollout = steps_per_rollout
         self._bar: Any = None
@@ -46,7 +46,7 @@ class RunProgress:
 
         self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                              TextColumn("{task.fields[note]}"), TimeElapsedColumn(),
-                             console=console)  # fmt: skip
+                             console=console)
         self._episodes = self._bar.add_task("rollout", total=samples_per_rollout, note="")
         self._steps = self._bar.add_task("train steps", total=num_rollout * steps_per_rollout, note="")
         self._bar.start()
@@ -60,7 +60,7 @@ class RunProgress:
         self._episodes_done = self._successes = 0
         if self._bar is not None:
             self._bar.reset(self._episodes, total=self.samples_per_rollout,
-                            description=f"rollout {rollout_id} episodes", note="")  # fmt: skip
+                            description=f"rollout {rollout_id} episodes", note="")
 
     def group_done(self, group: list[Any]) -> None:
         """A group of episodes finished (``RolloutRunner.on_group_done``)."""
@@ -68,7 +68,7 @@ class RunProgress:
         self._successes += sum(1 for s in group if (s.reward or 0.0) >= SUCCESS_REWARD)
         if self._bar is not None:
             self._bar.update(self._episodes, completed=min(self._episodes_done, self.samples_per_rollout),
-                             note=f"success {self.success_rate:.2f}")  # fmt: skip
+                             note=f"success {self.success_rate:.2f}")
 
     def stage(self, name: str) -> None:
         """The loop moved to stage ``name`` (train, weight sync, eval, save)."""

@@ -1,20 +1,66 @@
-"""The rollout's policy engine, as the flags ask for it: the one place that knows every backend."""
+"""The policy, as the flags ask for it: the Megatron trainer that learns it and the engine that
+serves it for rollouts. The one place that knows every backend.
+
+Start-up overlaps what it can. The trainer's Ray ranks build their models in the background
+until the first call that needs them (:meth:`~agentrl.orchestration.cluster.TrainerGroup.ready`),
+and an engine that runs in this process (the embedded default) loads in a thread while Ray
+starts, so the first rollout begins before the trainer is ready.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
+from agentrl.orchestration.cluster import TrainerGroup, start_ray
 from agentrl.orchestration.engines import launch_engines
+from agentrl.orchestration.flags import Args
 from agentrl.rollout.engine.base import Engine
+from agentrl.trainer.protocol import Trainer
 
-__all__ = ["serve_policy"]
+__all__ = ["serve_policy", "start_policy", "start_trainer"]
+
+
+async def start_policy(args: Args, checkpoint: str | Path) -> tuple[Trainer, Engine]:
+    """The trainer and the engine, both starting from ``checkpoint``.
+
+    Returns:
+        ``(trainer, engine)``: a :class:`TrainerGroup` of Ray ranks (or one
+        :class:`~agentrl.trainer.actor.MegatronActor` in this process with ``--no-use-ray``), and
+        the rollout's engine.
+    """
+    rollout, cluster = args.rollout, args.cluster
+    if rollout.rollout_backend == "embedded" and not cluster.engine_actors:
+        # the engine needs nothing of the trainer's: it loads while Ray and the ranks start
+        trainer = start_trainer(args, checkpoint, in_background=not cluster.ray_address)
+        return trainer, await serve_policy(rollout, cluster, checkpoint)
+    trainer = start_trainer(args, checkpoint)
+    return trainer, await serve_policy(rollout, cluster, checkpoint, trainer=trainer)
+
+
+def start_trainer(args: Args, checkpoint: str | Path, *, in_background: bool = False) -> Trainer:
+    """The Megatron trainer: ``--actor-num-nodes`` x ``--actor-num-gpus-per-node`` ranks as Ray
+    actors (their set-up runs on in the background; with ``in_background`` Ray's local start
+    too), or one rank here with ``--no-use-ray``."""
+    rollout, trainer, run = args.rollout, args.trainer, args.run
+    assert trainer.num_steps_per_rollout is not None  # solved while parsing
+    kwargs = {"hf_checkpoint": checkpoint, "rollout_temperature": rollout.rollout_temperature,
+              "total_steps": run.num_rollout * trainer.num_steps_per_rollout}
+    if args.cluster.use_ray:
+        if not in_background:
+            start_ray(args.cluster)
+        return TrainerGroup(args.cluster, trainer, start_ray_here=in_background, **kwargs)
+    from agentrl.trainer.actor import MegatronActor
+
+    return MegatronActor(trainer, **kwargs)
 
 
 async def serve_policy(rollout: Any, cluster: Any, checkpoint: str | Path, trainer: Any = None) -> Engine:
     """The rollout's engine: SGLang servers (``--rollout-backend sglang`` / ``sglang-compat``),
     embedded engine actors when ``--rollout-num-gpus`` / ``--colocate`` ask for them, else the
-    embedded engine in this process. ``--rollout-concurrency`` is split evenly over engines."""
+    embedded engine in this process (loaded in a thread). ``--rollout-concurrency`` is split
+    evenly over engines."""
     if rollout.rollout_backend != "embedded":
         from agentrl.orchestration.sglang_servers import launch_sglang  # imports aiohttp
 
@@ -22,9 +68,9 @@ async def serve_policy(rollout: Any, cluster: Any, checkpoint: str | Path, train
     if not cluster.engine_actors:
         from agentrl.rollout.build import load_policy_engine
 
-        return load_policy_engine(rollout, max_batch_size=rollout.rollout_concurrency,
-                                  max_context_len=rollout.engine_context_len)  # fmt: skip
+        return await asyncio.to_thread(load_policy_engine, rollout, max_batch_size=rollout.rollout_concurrency,
+                                       max_context_len=rollout.engine_context_len)
     per_engine = -(-rollout.rollout_concurrency // cluster.num_engines)
     return await launch_engines(cluster, checkpoint, seed=rollout.rollout_seed,
                                 max_batch_size=per_engine, trainer=trainer,
-                                max_context_len=rollout.engine_context_len)  # fmt: skip
+                                max_context_len=rollout.engine_context_len)

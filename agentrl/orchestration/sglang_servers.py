@@ -31,15 +31,15 @@ __all__ = ["SGLangServers", "launch_sglang", "router_command", "server_command"]
 log = logging.getLogger(__name__)
 
 SERVER_MODULES = {"sglang": "sglang.launch_server",
-                  "sglang-compat": "agentrl.rollout.engine.sglang_compat_server"}  # fmt: skip
+                  "sglang-compat": "agentrl.rollout.engine.sglang_compat_server"}
 
 
 def server_command(backend: str, checkpoint: str | Path, *, port: int | str, host: str = "127.0.0.1",
                    tp_size: int = 1, sglang_args: Mapping[str, str | None] | None = None,
-                   seed: int | None = None) -> list[str]:  # fmt: skip
+                   seed: int | None = None) -> list[str]:
     """The command line of one engine's server."""
     command = [sys.executable, "-m", SERVER_MODULES[backend], "--model-path", str(checkpoint),
-               "--host", host, "--port", str(port)]  # fmt: skip
+               "--host", host, "--port", str(port)]
     if backend == "sglang":
         command += ["--tp-size", str(tp_size)]
     args = dict(sglang_args or {})
@@ -54,7 +54,7 @@ def router_command(workers: Sequence[str], *, port: int, policy: str) -> list[st
     """The command line of the ``sglang-router`` in front of ``workers``."""
     return [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
             "--port", str(port), "--worker-urls", *workers, "--policy", policy,
-            "--log-level", "warn", "--prometheus-port", str(_free_port())]  # fmt: skip
+            "--log-level", "warn", "--prometheus-port", str(_free_port())]
 
 
 class _ServerProcess:
@@ -138,7 +138,7 @@ class SGLangServers:
         return ray.remote(_ServerProcess).options(
             **self.where.resources, scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=self.where.placement, placement_group_bundle_index=bundle),
-        ).remote()  # fmt: skip
+        ).remote()
 
     def command(self, index: int, model_path: str | None = None, version: str | None = None) -> list[str]:
         args = dict(self.sglang_args)
@@ -146,7 +146,7 @@ class SGLangServers:
             args["weight-version"] = version
         return server_command(self.rollout.rollout_backend, model_path or self.checkpoint, port="{port}",
                               host="{host}", tp_size=self.cluster.rollout_num_gpus_per_engine,
-                              sglang_args=args, seed=self.rollout.rollout_seed + index)  # fmt: skip
+                              sglang_args=args, seed=self.rollout.rollout_seed + index)
 
     async def start(self, tokenizer: Any) -> SGLangEngine:
         import ray
@@ -156,11 +156,11 @@ class SGLangServers:
             engine = await SGLangEngine.connect(
                 self.urls, tokenizer=tokenizer, concurrency=self.per_engine, wait_s=900.0,
                 tp_size=self.cluster.rollout_num_gpus_per_engine,
-                alive=lambda: all(ray.get([a.alive.remote() for a in self.actors])))  # fmt: skip
+                alive=lambda: all(ray.get([a.alive.remote() for a in self.actors])))
             if len(self.urls) > 1 and self.rollout.router_policy != "none":
                 port = _free_port()
                 self.router = subprocess.Popen(router_command(self.urls, port=port, policy=self.rollout.router_policy),
-                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 engine.router = f"http://127.0.0.1:{port}"
                 await engine.wait_router(self.router)
         except BaseException as exc:
@@ -188,7 +188,7 @@ class SGLangServers:
 
         try:
             process_up = await asyncio.wait_for(self.actors[index].alive.remote(),
-                                                self.cluster.rollout_health_check_timeout)  # fmt: skip
+                                                self.cluster.rollout_health_check_timeout)
         except (RayActorError, TimeoutError):
             process_up = False
         assert self.engine is not None
@@ -213,12 +213,12 @@ class SGLangServers:
             self.urls[index] = new_url
             if engine.router is not None:
                 await engine._request("POST", f"{engine.router}/workers",
-                                      {"url": new_url, "worker_type": "regular"})  # fmt: skip
+                                      {"url": new_url, "worker_type": "regular"})
         deadline = asyncio.get_running_loop().time() + 900
         while not await engine._healthy(new_url):
             if asyncio.get_running_loop().time() > deadline or not await self.actors[index].alive.remote():
                 log.warning("SGLang server %s did not come back: %s", new_url,
-                            ray.get(self.actors[index].log_tail.remote()))  # fmt: skip
+                            ray.get(self.actors[index].log_tail.remote()))
                 return  # the next health check tries again
             await asyncio.sleep(0.5)
         engine.readmit(new_url)
@@ -262,14 +262,14 @@ async def launch_sglang(rollout: Any, cluster: Any, checkpoint: str | Path, trai
     Raises:
         EngineError: A server or the router did not come up (with its log's tail).
     """
-    from agentrl.rollout.engine.embedded import load_tokenizer
+    from agentrl.models.hf_config import load_tokenizer
 
     tokenizer = load_tokenizer(checkpoint)
     if rollout.rollout_engine_urls:
         per_engine = -(-rollout.rollout_concurrency // len(rollout.rollout_engine_urls))
         return await SGLangEngine.connect(rollout.rollout_engine_urls, router_url=rollout.rollout_router_url,
                                           tokenizer=tokenizer, concurrency=per_engine,
-                                          tp_size=cluster.rollout_num_gpus_per_engine)  # fmt: skip
+                                          tp_size=cluster.rollout_num_gpus_per_engine)
     servers = SGLangServers(rollout, cluster, checkpoint, await engine_bundles(cluster, trainer))
     engine = await servers.start(tokenizer)
     engine.servers = servers

@@ -6,6 +6,7 @@ to import and ``wandb`` is optional, so ``import agentrl.orchestration.run_log``
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,7 +18,7 @@ __all__ = ["MetricsSink", "TensorBoardSink", "WandbSink", "require_wandb", "scal
 
 WANDB_MODES = ("online", "offline")
 WANDB_MISSING = ("--use-wandb needs the wandb package, which is not installed: pip install wandb "
-                 "(or drop --use-wandb)")  # fmt: skip
+                 "(or drop --use-wandb)")
 
 
 class MetricsSink(Protocol):
@@ -63,16 +64,28 @@ class TensorBoardSink:
     """
 
     def __init__(self, log_dir: str | Path) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as exc:
-            raise ConfigError(f"TensorBoard logging needs the tensorboard package ({exc}): pip "
-                              "install tensorboard, or pass --no-use-tensorboard") from exc
+        if importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError("TensorBoard logging needs the tensorboard package: pip install "
+                              "tensorboard, or pass --no-use-tensorboard")
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self._writer: Any = SummaryWriter(log_dir=str(self.log_dir))
+        # Importing the writer (torch, tensorboard) takes seconds: it happens in a thread while
+        # the run starts its other parts, and the first log() waits for it.
+        self._opening: concurrent.futures.Future[Any] | None = _OPENER.submit(self._open)
+        self._writer: Any = None
+
+    def _open(self) -> Any:
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(log_dir=str(self.log_dir))
+
+    def _wait(self) -> None:
+        opening, self._opening = self._opening, None
+        if opening is not None:
+            self._writer = opening.result()
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
+        self._wait()
         if self._writer is None:
             return
         for tag, value in values.items():
@@ -82,9 +95,13 @@ class TensorBoardSink:
         self._writer.flush()
 
     def close(self) -> None:
+        self._wait()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+_OPENER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentrl-tensorboard")
 
 
 def require_wandb() -> None:
@@ -121,7 +138,7 @@ class WandbSink:
 
     def __init__(self, root: str | Path, project: str = "agentrl", mode: str = "offline",
                  run_name: str | None = None,
-                 config: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+                 config: Mapping[str, Any] | None = None) -> None:
         if mode not in WANDB_MODES:
             raise ConfigError(f"--wandb-mode must be one of {', '.join(WANDB_MODES)}, got {mode!r}")
         try:
@@ -131,7 +148,7 @@ class WandbSink:
         root = Path(root)
         root.mkdir(parents=True, exist_ok=True)
         self._run: Any = wandb.init(project=project, name=run_name, mode=mode, dir=str(root),
-                                    config=dict(config or {}))  # fmt: skip
+                                    config=dict(config or {}))
         self._run.define_metric("rollout_id")
         self._run.define_metric("*", step_metric="rollout_id")
 

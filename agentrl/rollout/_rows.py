@@ -4,6 +4,7 @@ parser and validator, the seeded shuffle buffer and the prefetching worker pool.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import json
 import queue
@@ -15,8 +16,40 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.env.messages import message_problem
+from agentrl.errors import DataError
+from agentrl.rollout.config import RolloutConfig
 
+MAX_ROW_BYTES = 64 << 20
+"""JSONL rows longer than this are skipped unread (reported with file and line): a prompt of
+tens of millions of tokens fits no context, and holding it would only exhaust memory."""
 CHUNK_ROWS = 64  # rows per prefetch job: large enough to amortise the hand-off between threads
+
+
+def epoch_rng(seed: int, epoch: int) -> random.Random:
+    # A hash, not seed + epoch, so that (seed 1, epoch 0) and (seed 0, epoch 1) differ.
+    digest = hashlib.sha256(f"agentrl-data:{seed}:{epoch}".encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+def env_seed(seed: int, split: str, k: int) -> int:
+    """The ``k``-th env seed of ``split`` in a run seeded with ``seed``.
+
+    Hashed, so runs with different ``--rollout-seed`` see different seeds; the lowest bit is
+    the split's (0 for ``train``, 1 for any other), so training seeds never equal eval seeds.
+    """
+    digest = hashlib.sha256(f"agentrl-env-seed:{seed}:{split}:{k}".encode()).digest()
+    return (int.from_bytes(digest[:4], "big") & 0x7FFFFFFE) | (split != "train")
+
+
+def as_rollout_config(args: Any) -> RolloutConfig:
+    """``args`` as a :class:`RolloutConfig`: itself, or built from the attributes of a
+    namespace that name config fields (the rest take the config's defaults; not validated,
+    as plug-in namespaces may hold only what a data source needs)."""
+    if isinstance(args, RolloutConfig):
+        return args
+    names = {f.name for f in dataclasses.fields(RolloutConfig)}
+    values = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    return RolloutConfig(**values)
 
 
 @dataclasses.dataclass
@@ -65,17 +98,37 @@ def read_rows(
         return
     with open(path, "rb") as f:
         f.seek(offset)
-        for raw in f:  # buffered line by line: never the whole file
+        while raw := f.readline(MAX_ROW_BYTES + 1):  # line by line: never the whole file
             line += 1
             offset += len(raw)
-            if raw.strip():  # blank lines (e.g. a trailing newline) hold no row
+            if len(raw) > MAX_ROW_BYTES and not raw.endswith(b"\n"):
+                size = len(raw)
+                while rest := f.readline(1 << 20):  # past the rest of the row, keeping none of it
+                    size, offset = size + len(rest), offset + len(rest)
+                    if rest.endswith(b"\n"):
+                        break
+                yield line, OverlongRow(size), offset
+            elif raw.strip():  # blank lines (e.g. a trailing newline) hold no row
                 yield line, raw, offset
 
 
+@dataclasses.dataclass(frozen=True)
+class OverlongRow:
+    """Stands in for a JSONL line longer than :data:`MAX_ROW_BYTES` (never held in memory)."""
+
+    size: int
+
+
 def read_parquet(path: Path, start: int) -> Iterator[tuple[int, Any, int]]:
+    import pyarrow as pa
     import pyarrow.parquet as pq  # heavy; only Parquet users pay for it
 
-    with pq.ParquetFile(path) as pf:
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataError(f"--prompt-data {str(path)!r} is not a readable Parquet file ({exc}); "
+                        "check the file, or give JSONL rows a .jsonl name") from exc
+    with pf:
         row, groups = 0, []
         for g in range(pf.num_row_groups):  # row groups wholly before ``start`` are not read
             n = pf.metadata.row_group(g).num_rows
@@ -110,6 +163,10 @@ class RowParser:
         """Parses ``(raw row, position after it)``."""
         (line, payload, offset), position = job
         offset = offset if self.keep_offset else 0
+        if isinstance(payload, OverlongRow):
+            return Item(None, f"the row is {payload.size / 2**20:.0f} MiB; rows over "
+                        f"{MAX_ROW_BYTES >> 20} MiB are skipped (no model context holds such a "
+                        "prompt): shorten it", line, position, offset)
         if isinstance(payload, bytes):
             try:
                 payload = json.loads(payload)

@@ -18,6 +18,7 @@ __all__ = [
     "eval_context",
     "load_policy_engine",
     "make_rollout_context",
+    "policy_checkpoint",
     "resolve",
     "sampling_from_config",
     "scripted_context",
@@ -45,16 +46,22 @@ def resolve(config: RolloutConfig, envs: EnvFactory | None) -> RolloutConfig:
     return dataclasses.replace(config, max_turns=envs.info.max_turns if envs is not None else 1)
 
 
+def policy_checkpoint(config: RolloutConfig) -> str:
+    """The policy's Hugging Face directory: ``--hf-checkpoint``, else the built-in tiny model
+    (built on first use and cached)."""
+    if config.hf_checkpoint is not None:
+        return config.hf_checkpoint
+    from agentrl.models.tiny import build_tiny_model  # tokenizer libraries: only when needed
+
+    return str(build_tiny_model())
+
+
 def load_policy_engine(config: RolloutConfig, **engine_kwargs: Any) -> Any:
-    """The embedded engine serving ``--hf-checkpoint`` (default: the built-in tiny model)."""
+    """The embedded engine serving :func:`policy_checkpoint`."""
     from agentrl.rollout.engine.embedded import EmbeddedEngine
 
-    path = config.hf_checkpoint
-    if path is None:
-        from agentrl.models import build_tiny_model
-
-        path = build_tiny_model()
-    return EmbeddedEngine.from_pretrained(str(path), seed=config.rollout_seed, **engine_kwargs)
+    return EmbeddedEngine.from_pretrained(policy_checkpoint(config), seed=config.rollout_seed,
+                                          **engine_kwargs)
 
 
 def sampling_from_config(config: RolloutConfig, renderer: ChatRenderer | None, *,

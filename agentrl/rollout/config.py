@@ -174,7 +174,7 @@ class RolloutConfig:
                 f"takes every --sglang-* flag; this one only --sglang-{', --sglang-'.join(sorted(allowed))})")
         if self.rollout_backend not in BACKENDS:
             raise ConfigError(f"--rollout-backend must be one of {', '.join(BACKENDS)}, got "
-                              f"{self.rollout_backend!r}")  # fmt: skip
+                              f"{self.rollout_backend!r}")
         if (self.rollout_engine_urls or self.rollout_router_url) and self.rollout_backend == "embedded":
             raise ConfigError("--rollout-engine-urls / --rollout-router-url name SGLang servers: add "
                               "--rollout-backend sglang (or sglang-compat)")

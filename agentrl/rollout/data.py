@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import inspect
 import itertools
 import json
 import logging
 import os
-import random
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -42,6 +40,9 @@ from agentrl.rollout._rows import (
     Item,
     Record,
     RowParser,
+    as_rollout_config,
+    env_seed,
+    epoch_rng,
     inline,
     prefetched,
     read_rows,
@@ -54,6 +55,8 @@ __all__ = [
     "RolloutDataSource",
     "RolloutDataSourceWithBuffer",
     "SkippedRow",
+    "as_rollout_config",
+    "env_seed",
     "load_data_source",
 ]
 
@@ -75,33 +78,6 @@ class SkippedRow:
     file: str
     line: int
     reason: str
-
-
-def _epoch_rng(seed: int, epoch: int) -> random.Random:
-    # A hash, not seed + epoch, so that (seed 1, epoch 0) and (seed 0, epoch 1) differ.
-    digest = hashlib.sha256(f"agentrl-data:{seed}:{epoch}".encode()).digest()
-    return random.Random(int.from_bytes(digest[:8], "big"))
-
-
-def env_seed(seed: int, split: str, k: int) -> int:
-    """The ``k``-th env seed of ``split`` in a run seeded with ``seed``.
-
-    Hashed, so runs with different ``--rollout-seed`` see different seeds; the lowest bit is
-    the split's (0 for ``train``, 1 for any other), so training seeds never equal eval seeds.
-    """
-    digest = hashlib.sha256(f"agentrl-env-seed:{seed}:{split}:{k}".encode()).digest()
-    return (int.from_bytes(digest[:4], "big") & 0x7FFFFFFE) | (split != "train")
-
-
-def as_rollout_config(args: Any) -> RolloutConfig:
-    """``args`` as a :class:`RolloutConfig`: itself, or built from the attributes of a
-    namespace that name config fields (the rest take the config's defaults; not validated,
-    as plug-in namespaces may hold only what a data source needs)."""
-    if isinstance(args, RolloutConfig):
-        return args
-    names = {f.name for f in dataclasses.fields(RolloutConfig)}
-    values = {k: v for k, v in vars(args).items() if k in names and v is not None}
-    return RolloutConfig(**values)
 
 
 def _check_count(num_samples: Any) -> None:
@@ -206,7 +182,7 @@ class RolloutDataSource:
         self._parquet = path.suffix == ".parquet"
         self._parser = RowParser(str(path), self.input_key, self.label_key, self.metadata_key,
                                   self.tool_key, keep_offset=not self.shuffle,
-                                  prompt_optional=self._env_id is not None)  # fmt: skip
+                                  prompt_optional=self._env_id is not None)
         if self.streaming:
             self._probe()
             return
@@ -262,7 +238,7 @@ class RolloutDataSource:
                 task, prompt, task.get(self.label_key),
                 dict(metadata) if isinstance(metadata, Mapping) else {},
                 {"env": env_id, "split": self._env_split, "index": index},
-            ))  # fmt: skip
+            ))
         if not records:
             raise DataError(f"{where}: the task set is empty")
         self._records = records
@@ -280,7 +256,7 @@ class RolloutDataSource:
         if self._order is None or self._order[0] != epoch:
             order = list(range(len(self._records)))
             if self.shuffle:
-                _epoch_rng(self.seed, epoch).shuffle(order)
+                epoch_rng(self.seed, epoch).shuffle(order)
             self._order = (epoch, order)
         return self._order[1]
 
@@ -297,7 +273,7 @@ class RolloutDataSource:
         if self.shuffle:
             raws: Iterator[Any] = shuffle_buffer(
                 read_rows(self._path, self._parquet), self.shuffle_buffer_size,
-                _epoch_rng(self.seed, self._epoch),
+                epoch_rng(self.seed, self._epoch),
             )
             # Resuming replays the (seeded) buffer up to the saved position; only raw lines are
             # re-read, nothing is parsed.
@@ -379,7 +355,7 @@ class RolloutDataSource:
             group.append(Sample(
                 group_id=group_id, index=index, prompt=copy.deepcopy(prompt),
                 label=copy.deepcopy(record.label), metadata=metadata,
-            ))  # fmt: skip
+            ))
         return group
 
     # -- public API ----------------------------------------------------------------------------

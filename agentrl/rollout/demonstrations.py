@@ -51,7 +51,7 @@ async def oracle_sample(ctx: RolloutContext, sample: Sample) -> Sample:
 def conversation_sample(
     renderer: ChatRenderer, messages: Sequence[Mapping[str, Any]], *,
     tools: Sequence[Mapping[str, Any]] | None = None, group_id: Any = 0,
-) -> Sample:  # fmt: skip
+) -> Sample:
     """A demonstration from a conversation: every assistant message is a trained turn.
 
     Raises:
@@ -71,7 +71,7 @@ def conversation_sample(
         end = starts[turn + 1] if turn + 1 < len(starts) else at + 1  # trailing replies: untrained
         if end > at + 1:
             trajectory.append_env(messages[: at + 1], messages[at + 1 : end], tools,
-                                  min_generation_room=0)  # fmt: skip
+                                  min_generation_room=0)
     sample.status, sample.reward = Status.COMPLETED, 0.0
     sample.metadata["demonstration"] = "conversation"
     return sample

@@ -68,7 +68,7 @@ class RolloutRunner:
     def __init__(
         self, ctx: RolloutContext, data_source: Any, *, custom_generate: Any = None,
         group_filter: GroupFilter | None = None, evaluation: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.ctx = ctx
         self.evaluation = evaluation
         self.data_source = data_source
@@ -159,7 +159,7 @@ class RolloutRunner:
             missing = target - len(kept)
             log.warning("dynamic sampling: only %d of %d groups passed the filter after %d groups; "
                         "topping up with %d filtered-out groups", len(kept), target, submitted,
-                        min(missing, len(rejected)))  # fmt: skip
+                        min(missing, len(rejected)))
             kept.extend(rejected[-missing:])
             counts["dynamic_sampling_exhausted"] = 1
         # completion order is a race; group-id order makes a rollout's batch reproducible
@@ -181,15 +181,15 @@ class RolloutRunner:
     async def _play_group(self, group: list[Sample], rid: str) -> list[Sample]:
         if self.custom_generate is not None:
             todo = [s for s in group if s.status is not Status.COMPLETED
-                    and s.status is not Status.TRUNCATED and s.status is not Status.FAILED]  # fmt: skip
+                    and s.status is not Status.TRUNCATED and s.status is not Status.FAILED]
             if todo:
                 async with self._semaphore:
                     await run_custom_generate(self.custom_generate, self.ctx, todo, rid,
-                                              evaluation=self.evaluation)  # fmt: skip
+                                              evaluation=self.evaluation)
             return group
         await asyncio.gather(*(self._play_sample(s, f"{rid}-s{s.index}") for s in group))
         await apply_custom_rewards([s for s in group if s.metadata.get("finish") != "abort"],
-                                   self.ctx.args)  # fmt: skip
+                                   self.ctx.args)
         return group
 
     async def _play_sample(self, sample: Sample, rid: str) -> None:
@@ -210,7 +210,7 @@ class RolloutRunner:
             self.suspended[key] = episode
 
     async def _stop(self, pending: set[asyncio.Task[list[Sample]]], rid_prefix: str
-                    ) -> list[list[Sample]]:  # fmt: skip
+                    ) -> list[list[Sample]]:
         """Stops what is still running and returns those groups."""
         if not pending:
             return []
@@ -235,7 +235,7 @@ def _group_order(group: list[Sample]) -> tuple[int, int, str]:
 
 
 def _metrics(groups: list[list[Sample]], counts: collections.Counter[str], submitted: int,
-             wall_s: float) -> dict[str, float]:  # fmt: skip
+             wall_s: float) -> dict[str, float]:
     samples = [s for g in groups for s in g]
     statuses = collections.Counter(s.status.value for s in samples)
     rewards = [s.reward for s in samples if s.reward is not None]
@@ -255,7 +255,7 @@ def _metrics(groups: list[list[Sample]], counts: collections.Counter[str], submi
     out["rollout/success_rate"] = (
         sum(1 for r in rewards if r >= SUCCESS_REWARD) / len(samples) if samples else 0.0)
     out["rollout/tool_calls"] = sum(len(t.tool_names) for s in samples for t in s.turns
-                                    if t.role == "assistant")  # fmt: skip
+                                    if t.role == "assistant")
     errors_by_kind: collections.Counter[str] = collections.Counter()
     for sample in samples:
         errors_by_kind.update(sample.metadata.get("tool_errors", {}))

@@ -67,13 +67,13 @@ class Trajectory:
         out = await engine.generate(list(self.sample.tokens), params, rid=rid)
         self.append_assistant(out.output_ids, out.output_logprobs, finish_reason=out.finish_reason,
                               generate_s=time.perf_counter() - started,
-                              weight_version=out.weight_version)  # fmt: skip
+                              weight_version=out.weight_version)
         return out
 
     def append_assistant(
         self, ids: Sequence[int], logprobs: Sequence[float], *, finish_reason: str = "stop",
         generate_s: float = 0.0, weight_version: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Appends an assistant turn (loss mask 1): the engine's ids, or a demonstration's."""
         self._append(ids, logprobs, mask=1)
         turns = self.sample.turns
@@ -84,7 +84,7 @@ class Trajectory:
             turns[-1].generate_s += generate_s
         else:
             turns.append(Turn("assistant", span_start, self.sample.response_length,
-                              finish_reason=finish_reason, generate_s=generate_s))  # fmt: skip
+                              finish_reason=finish_reason, generate_s=generate_s))
         if weight_version is not None:
             self.sample.weight_version = weight_version
             if not self.weight_versions or self.weight_versions[-1] != weight_version:
@@ -104,7 +104,7 @@ class Trajectory:
         self, history: Sequence[Mapping[str, Any]], new_messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None, *, tools_s: float = 0.0,
         min_generation_room: int = 1,
-    ) -> tuple[list[dict[str, Any]], bool]:  # fmt: skip
+    ) -> tuple[list[dict[str, Any]], bool]:
         """Appends the environment's reply as the template delta (loss mask 0).
 
         When the last assistant turn did not end with the end-of-turn token (a stop string, or
@@ -134,7 +134,7 @@ class Trajectory:
         self._append(prefix + delta, None, mask=0)
         names = [str(m.get("name", "")) for m in messages if m.get("role") == "tool"]
         self.sample.turns.append(Turn("environment", start, self.sample.response_length,
-                                      tool_names=names))  # fmt: skip
+                                      tool_names=names))
         return messages, True
 
     def _append(self, ids: Sequence[int], logprobs: Sequence[float] | None, mask: int) -> None:
@@ -149,7 +149,7 @@ def fit_env_messages(
     renderer: ChatRenderer, history: Sequence[Mapping[str, Any]],
     new_messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
     room: int,
-) -> tuple[list[dict[str, Any]], list[int] | None]:  # fmt: skip
+) -> tuple[list[dict[str, Any]], list[int] | None]:
     """The env delta for ``new_messages``, with tool results cut until it fits ``room`` tokens.
 
     Only ``role: tool`` contents are shortened (their tails are cut and :data:`CUT_MARKER` says

@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                         "DockerSandbox resolves it)")
     parser.add_argument("--force", action="store_true", help="rebuild even when present")
     args = parser.parse_args(argv)
-    from agentrl.sandbox.docker import docker_unavailable_reason, get_client
+    from agentrl.sandbox._docker_api import docker_unavailable_reason, get_client
 
     reason = docker_unavailable_reason(args.docker_host)
     if reason:

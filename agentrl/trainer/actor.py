@@ -83,7 +83,7 @@ class MegatronActor:
         self, config: TrainerConfig, *, hf_checkpoint: str | Path | None,
         rollout_temperature: float = 1.0, total_steps: int | None = None, pad_id: int = 0,
         model_overrides: Mapping[str, Any] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         config.validate()
         if config.pipeline_model_parallel_size > 1:
             raise ConfigError("--pipeline-model-parallel-size > 1 is not supported by the "
@@ -113,7 +113,7 @@ class MegatronActor:
             overrides["sequence_parallel"] = True
         if config.recompute_activations:
             overrides.update(recompute_granularity="full", recompute_method="uniform",
-                             recompute_num_layers=1)  # fmt: skip
+                             recompute_num_layers=1)
         self.model = self._build(overrides)
         self.vocab_size = hf_spec_of(self.model).vocab_size
         self.ref_model = None
@@ -140,7 +140,7 @@ class MegatronActor:
         return model
 
     def _optimizer_for(self, module: Any, lr: float, total_steps: int | None
-                       ) -> tuple[Any, Any, Any]:  # fmt: skip
+                       ) -> tuple[Any, Any, Any]:
         """Megatron DDP, optimizer and learning-rate scheduler for ``module``."""
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -158,7 +158,7 @@ class MegatronActor:
             adam_beta1=c.adam_beta1, adam_beta2=c.adam_beta2, adam_eps=c.adam_eps,
             clip_grad=c.clip_grad, bf16=cuda, params_dtype=self.params_dtype,
             use_distributed_optimizer=cuda,
-        )  # fmt: skip
+        )
         optimizer = get_megatron_optimizer(optimizer_config, [ddp])
         steps = max(1, total_steps or 1)
         decay = c.lr_decay_iters or steps
@@ -168,7 +168,7 @@ class MegatronActor:
             lr_decay_steps=max(decay, c.lr_warmup_iters + 1), lr_decay_style=c.lr_decay_style,
             start_wd=c.weight_decay, end_wd=c.weight_decay, wd_incr_steps=max(decay, 1),
             wd_incr_style="constant",
-        )  # fmt: skip
+        )
         return ddp, optimizer, scheduler
 
     def _forward(self, model: Any, batch: TrainBatch) -> torch.Tensor:
@@ -183,11 +183,11 @@ class MegatronActor:
         return vocab_parallel_logprobs(
             logits[:, :-1], targets, vocab_size=self.vocab_size, temperature=self.temperature,
             chunk_size=LOGPROB_CHUNK,
-        )  # fmt: skip
+        )
 
     @torch.no_grad()
     def logprobs(self, samples_or_batch: Sequence[Sample] | TrainBatch, *, reference: bool = False
-                 ) -> torch.Tensor:  # fmt: skip
+                 ) -> torch.Tensor:
         """Per-token log-probs ``[B, L - 1]`` (shifted layout, see :mod:`agentrl.trainer.batch`)
         under the policy, or the reference model; 0 where nothing is predicted.
 
@@ -248,7 +248,7 @@ class MegatronActor:
                 f"--num-steps-per-rollout = {step_size} x {steps}: check the batch equation")
         if c.loss_type == "sft_loss":
             history = [self._sft_step(batch, list(range(i * step_size, (i + 1) * step_size)))
-                       for i in range(steps)]  # fmt: skip
+                       for i in range(steps)]
             metrics = {k: sum(h[k] for h in history) / len(history) for k in history[0]}
             elapsed = time.perf_counter() - started
             metrics["train_tokens_per_s"] = float(batch.lengths.sum()) * steps / max(elapsed, 1e-9)
@@ -261,7 +261,7 @@ class MegatronActor:
             c.advantage_estimator, batch.rewards, batch.groups, batch.mask, values=values,
             kl=kl, kl_coef=c.kl_coef, gamma=c.gamma, lam=c.lambd,
             std_normalize=not c.disable_grpo_std_normalization,
-        )  # fmt: skip
+        )
         advantages = estimate.advantages
         history: list[dict[str, float]] = []
         for step in range(steps):
@@ -275,11 +275,11 @@ class MegatronActor:
         elapsed = time.perf_counter() - started
         metrics["train_tokens_per_s"] = float(batch.lengths.sum().item()) * steps / max(elapsed, 1e-9)
         metrics["advantage_abs_mean"] = float((advantages.abs() * batch.mask).sum() /
-                                              batch.mask.sum().clamp(min=1))  # fmt: skip
+                                              batch.mask.sum().clamp(min=1))
         return metrics
 
     def _step(self, batch: TrainBatch, rows: list[int], advantages: torch.Tensor,
-              old: torch.Tensor | None, ref: torch.Tensor | None) -> dict[str, float]:  # fmt: skip
+              old: torch.Tensor | None, ref: torch.Tensor | None) -> dict[str, float]:
         """One optimizer step over ``rows`` of ``batch``."""
         c = self.config
         step_batch = batch.select(rows)
@@ -299,14 +299,14 @@ class MegatronActor:
                 logits[:, :-1], part.tokens[:, 1:].to(self.device), vocab_size=self.vocab_size,
                 temperature=self.temperature, chunk_size=LOGPROB_CHUNK,
                 entropy_grad=bool(c.entropy_coef),  # otherwise only a metric
-            )  # fmt: skip
+            )
             logp, entropy = logp.float(), entropy.float()
             m = part.mask.to(logp.device)
             old_logp = (old[index, :width] if old is not None else logp.detach()).to(logp.device)
             weights = None
             if c.use_tis:
                 weights = tis_weights(old_logp, part.rollout_logprobs.to(logp.device), m,
-                                      low=c.tis_clip_low, high=c.tis_clip)  # fmt: skip
+                                      low=c.tis_clip_low, high=c.tis_clip)
             loss, parts = total_loss(
                 logp, old_logp, advantages[index, :width].to(logp.device), m,
                 entropy=entropy, entropy_coef=c.entropy_coef,
@@ -315,7 +315,7 @@ class MegatronActor:
                 eps_clip=c.eps_clip, eps_clip_high=c.eps_clip_high, eps_clip_c=c.eps_clip_c,
                 ratio="sequence" if c.advantage_estimator == "gspo" else "token",
                 tis_weights=weights, aggregation=c.loss_aggregation, denominator=denominator,
-            )  # fmt: skip
+            )
             (loss * self.dp_size).backward()  # data-parallel gradients are averaged, not summed
             for key, value in parts.items():
                 sums[key] = sums.get(key, 0.0) + float(value)
@@ -345,19 +345,19 @@ class MegatronActor:
             logits = self._forward(self.model, part)
             logp = vocab_parallel_logprobs(logits[:, :-1], part.tokens[:, 1:].to(self.device),
                                            vocab_size=self.vocab_size, temperature=1.0,
-                                           chunk_size=LOGPROB_CHUNK).float()  # fmt: skip
+                                           chunk_size=LOGPROB_CHUNK).float()
             loss = -aggregate(logp, part.mask.to(logp.device), c.loss_aggregation,
-                              denominator=denominator)  # fmt: skip
+                              denominator=denominator)
             (loss * self.dp_size).backward()
             total += float(loss.detach())
         total = self._sum_over_data_parallel({"sft_loss": total})["sft_loss"]
         grad_norm = _apply_step(self.ddp, self.optimizer, self.scheduler)
         self.step += 1
         return {"sft_loss": total, "grad_norm": grad_norm,
-                "lr": float(self.optimizer.param_groups[0]["lr"])}  # fmt: skip
+                "lr": float(self.optimizer.param_groups[0]["lr"])}
 
     def _critic_step(self, batch: TrainBatch, rows: list[int], old_values: torch.Tensor,
-                     returns: torch.Tensor) -> dict[str, float]:  # fmt: skip
+                     returns: torch.Tensor) -> dict[str, float]:
         """One critic step over ``rows``: the clipped value loss against the GAE returns."""
         c = self.config
         assert self.critic is not None
@@ -377,13 +377,13 @@ class MegatronActor:
                 predicted, old_values[index, :width].to(predicted.device),
                 returns[index, :width].to(predicted.device), m, value_clip=c.value_clip,
                 aggregation=c.loss_aggregation, denominator=denominator,
-            )  # fmt: skip
+            )
             (loss * self.dp_size).backward()
             for key, value in parts.items():
                 sums[key] = sums.get(key, 0.0) + float(value)
         sums = self._sum_over_data_parallel(sums)
         sums["critic_grad_norm"] = _apply_step(self.critic_ddp, self.critic_optimizer,
-                                               self.critic_scheduler)  # fmt: skip
+                                               self.critic_scheduler)
         return sums
 
     def _denominator(self, mask: torch.Tensor) -> float:
@@ -428,7 +428,7 @@ class MegatronActor:
         return export_hf_state_dict(self.model)
 
     def open_weight_group(self, master_address: str, master_port: int, world_size: int,
-                          group_name: str, backend: str) -> None:  # fmt: skip
+                          group_name: str, backend: str) -> None:
         """Global rank 0 joins a weight-broadcast group with inference servers as its rank 0 and
         hosts its rendezvous (see :class:`~agentrl.rollout.engine.weight_group.WeightGroup`);
         blocks until every server has joined. Other ranks do nothing."""
@@ -521,7 +521,7 @@ class MegatronActor:
         if self.critic is not None:
             # its keys carry the prefix that keeps them apart from the policy's in the checkpoint
             self.critic.load_state_dict({k.removeprefix("critic."): v
-                                         for k, v in state["critic"].items()})  # fmt: skip
+                                         for k, v in state["critic"].items()})
             self.critic_optimizer.load_state_dict(state["critic_optimizer"])
             self.critic_scheduler.load_state_dict(state["critic_scheduler"])
         self.model.load_state_dict(state["model"])

@@ -27,23 +27,23 @@ class SDPADotProductAttention(DotProductAttention):
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attention_mask: torch.Tensor | None, attn_mask_type: Any = None,
-                attention_bias: Any = None, packed_seq_params: Any = None) -> torch.Tensor:  # fmt: skip
+                attention_bias: Any = None, packed_seq_params: Any = None) -> torch.Tensor:
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
         fusable = (
             attention_mask is None and mask_type == AttnMaskType.causal
             and attention_bias is None and packed_seq_params is None
             and getattr(self.config, "softmax_type", "vanilla") == "vanilla"
             and not (self.training and self.config.attention_dropout > 0)
-        )  # fmt: skip
+        )
         if not fusable:
             return super().forward(query, key, value, attention_mask, attn_mask_type,
-                                   attention_bias, packed_seq_params)  # fmt: skip
+                                   attention_bias, packed_seq_params)
         # [s, b, heads, dim] -> [b, heads, s, dim]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
         context = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, scale=self.softmax_scale,
             enable_gqa=q.shape[1] != k.shape[1],
-        )  # fmt: skip
+        )
         # [b, heads, s, dim] -> [s, b, heads * dim]
         context = context.permute(2, 0, 1, 3).contiguous()
         return context.view(*context.shape[:2], self.hidden_size_per_partition)

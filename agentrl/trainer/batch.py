@@ -59,7 +59,7 @@ class TrainBatch:
             rollout_logprobs=self.rollout_logprobs[index, : length - 1],
             rewards=self.rewards[index], groups=self.groups[index],
             samples=[self.samples[i] for i in rows],
-        )  # fmt: skip
+        )
 
 
 def build_batch(samples: Sequence[Sample], pad_id: int = 0) -> TrainBatch:
@@ -94,13 +94,13 @@ def build_batch(samples: Sequence[Sample], pad_id: int = 0) -> TrainBatch:
         rollout_logprobs=rollout * mask,
         rewards=torch.tensor([float(s.reward) for s in samples]),
         groups=group_index([s.group_id for s in samples]), samples=list(samples),
-    )  # fmt: skip
+    )
 
 
 def micro_batches(
     lengths: Sequence[int], *, micro_batch_size: int | None = None,
     max_tokens: int | None = None,
-) -> list[list[int]]:  # fmt: skip
+) -> list[list[int]]:
     """Row indices of each micro-batch.
 
     Fixed size (``--micro-batch-size``) keeps row order. Token budget (``--use-dynamic-batch-size

@@ -11,8 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-from agentrl.algorithms import AGGREGATIONS, ESTIMATORS, KL_KINDS
-from agentrl.algorithms.losses import default_aggregation
+from agentrl.algorithms.names import AGGREGATIONS, ESTIMATORS, KL_KINDS, default_aggregation
 from agentrl.config import flag, option
 from agentrl.errors import ConfigError
 

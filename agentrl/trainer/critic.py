@@ -34,7 +34,7 @@ class ValueModel(MegatronModule):
     """
 
     def __init__(self, hf_config: dict[str, Any], *, params_dtype: torch.dtype,
-                 hf_checkpoint: str | Path | None, **overrides: Any) -> None:  # fmt: skip
+                 hf_checkpoint: str | Path | None, **overrides: Any) -> None:
         trunk = build_gpt_model(hf_config, post_process=False, params_dtype=params_dtype, **overrides)
         super().__init__(config=trunk.config)
         self.trunk = trunk
@@ -47,7 +47,7 @@ class ValueModel(MegatronModule):
         if hf_checkpoint is not None:
             state = read_hf_state_dict(hf_checkpoint)
             load_hf_weights(self.trunk, {k: v for k, v in state.items()
-                                         if k not in ("model.norm.weight", "lm_head.weight")})  # fmt: skip
+                                         if k not in ("model.norm.weight", "lm_head.weight")})
             with torch.no_grad():
                 self.norm_weight.copy_(state["model.norm.weight"])
 

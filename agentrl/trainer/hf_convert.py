@@ -59,7 +59,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from agentrl.errors import AgentRLError, ConfigError
-from agentrl.models.hf_config import architecture, check_supported, read_config, read_safetensors
+from agentrl.models.hf_config import read_safetensors
+from agentrl.trainer.hf_spec import (
+    ARCHITECTURES,
+    SUPPORTED_MODEL_TYPES,
+    HFModelSpec,
+    padded_vocab_size,
+    read_hf_config,
+)
 from agentrl.trainer.megatron_compat import apply_cpu_compat
 from agentrl.trainer.vocab_parallel import vocab_parallel_entropy, vocab_parallel_logprobs
 
@@ -81,12 +88,6 @@ __all__ = [
     "vocab_parallel_logprobs",
 ]
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
-ARCHITECTURES = {
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "llama": "LlamaForCausalLM",
-}
 _IGNORED_HF_SUFFIXES = ("rotary_emb.inv_freq",)
 """Buffers some older checkpoints saved; Megatron recomputes them from the config."""
 
@@ -94,7 +95,7 @@ _TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
     "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json",
     "generation_config.json",
-)  # fmt: skip
+)
 """Files :func:`save_hf_checkpoint` copies from ``tokenizer_dir`` when present
 (``generation_config.json`` too: engines read eos ids from it)."""
 
@@ -102,112 +103,6 @@ _TOKENIZER_FILES = (
 class WeightMappingError(AgentRLError):
     """Hugging Face weights do not fit the Megatron model: the message lists unknown and missing
     names and shape mismatches."""
-
-
-# --- config ------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class HFModelSpec:
-    """The architecture fields of a supported Hugging Face config, validated.
-
-    Attributes:
-        raw: The ``config.json`` dict it was read from (written back by
-            :func:`save_hf_checkpoint`).
-        model_type: ``qwen2``, ``qwen3`` or ``llama``.
-        vocab_size: Real vocabulary size (before Megatron's padding).
-        hidden_size: Residual width.
-        intermediate_size: MLP width.
-        num_layers: Decoder layers.
-        num_heads: Query heads.
-        num_kv_heads: Key/value heads (query groups).
-        head_dim: Width of one head (Megatron's ``kv_channels``).
-        rms_norm_eps: RMSNorm epsilon.
-        rope_theta: Rotary base.
-        max_position_embeddings: Context length.
-        tie_word_embeddings: The output layer shares the embedding matrix.
-        qkv_bias: q/k/v projections have biases (Qwen2).
-        qk_norm: Per-head RMSNorm on queries and keys (Qwen3).
-        initializer_range: Std of the random init (used for models built from flags).
-    """
-
-    raw: dict[str, Any]
-    model_type: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    qkv_bias: bool
-    qk_norm: bool
-    initializer_range: float
-
-    @classmethod
-    def from_hf(cls, hf_config: Mapping[str, Any] | str | Path | Any) -> HFModelSpec:
-        """Reads and validates a config (dict, directory, ``config.json`` path or
-        ``PretrainedConfig``).
-
-        Raises:
-            ConfigError: The model type, activation, rotary scaling, sliding window or a bias
-                layout is not supported; the message names the config field.
-        """
-        raw = read_hf_config(hf_config)
-        model_type = check_supported(raw, SUPPORTED_MODEL_TYPES, "the Megatron trainer", ConfigError)
-        if model_type == "llama" and raw.get("mlp_bias"):
-            raise ConfigError("config field 'mlp_bias' is true; MLP biases are not supported")
-        # Megatron has one bias switch for q/k/v (add_qkv_bias) and one for every other linear
-        # layer; Llama's attention_bias also biases o_proj, which it cannot express alone.
-        if model_type in ("llama", "qwen3") and raw.get("attention_bias"):
-            raise ConfigError("config field 'attention_bias' is true; attention output biases "
-                              "are not supported")  # fmt: skip
-        return cls(
-            raw=raw,
-            model_type=model_type,
-            **architecture(raw, ConfigError),
-            qkv_bias=model_type == "qwen2",
-            qk_norm=model_type == "qwen3",
-            initializer_range=float(raw.get("initializer_range", 0.02)),
-        )
-
-
-def read_hf_config(source: Mapping[str, Any] | str | Path | Any) -> dict[str, Any]:
-    """Returns a Hugging Face config as a plain dict.
-
-    Args:
-        source: A dict, a model directory, a ``config.json`` path, a ``PretrainedConfig`` or an
-            :class:`HFModelSpec`.
-    """
-    if isinstance(source, HFModelSpec):
-        return dict(source.raw)
-    if isinstance(source, Mapping):
-        return dict(source)
-    if isinstance(source, str | Path):
-        return read_config(source, ConfigError)
-    if hasattr(source, "to_dict"):
-        return dict(source.to_dict())
-    raise TypeError(f"cannot read a Hugging Face config from {type(source).__name__}")
-
-
-def padded_vocab_size(vocab_size: int, tp: int = 1, divisible_by: int = 128) -> int:
-    """The embedding/output row count Megatron uses for a vocabulary of ``vocab_size``.
-
-    Rounded up to a multiple of ``lcm(divisible_by, tp)``; for power-of-two ``tp <=
-    divisible_by`` that is ``divisible_by``, so the result is the same at every TP size.
-    """
-    multiple = divisible_by * tp // _gcd(divisible_by, tp)
-    return -(-vocab_size // multiple) * multiple
-
-
-def _gcd(a: int, b: int) -> int:
-    while b:
-        a, b = b, a % b
-    return a
 
 
 def _parallel_sizes() -> tuple[int, int]:
@@ -254,7 +149,7 @@ def transformer_config_from_hf(
     tp = int(overrides.get("tensor_model_parallel_size", tp))
     pp = int(overrides.get("pipeline_model_parallel_size", pp))
     for count, field in ((spec.num_kv_heads, "num_key_value_heads"),
-                         (spec.num_heads, "num_attention_heads")):  # fmt: skip
+                         (spec.num_heads, "num_attention_heads")):
         if count % tp:
             raise ConfigError(
                 f"--tensor-model-parallel-size {tp} must divide the checkpoint's {field} "
@@ -262,10 +157,10 @@ def transformer_config_from_hf(
             )
     if overrides.get("sequence_parallel"):
         raise ConfigError("--sequence-parallel needs Transformer Engine layer specs; agentrl "
-                          "builds models from megatron's local spec, which refuses it")  # fmt: skip
+                          "builds models from megatron's local spec, which refuses it")
     if spec.num_layers % pp:
         raise ConfigError(f"--pipeline-model-parallel-size {pp} must divide num_hidden_layers "
-                          f"({spec.num_layers})")  # fmt: skip
+                          f"({spec.num_layers})")
     fields: dict[str, Any] = dict(
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,
@@ -403,7 +298,7 @@ _LAYER_RULES: tuple[tuple[str, tuple[str, ...], str, str | None], ...] = (
     ("pre_mlp_layernorm.weight", ("post_attention_layernorm.weight",), "replicated", None),
     ("mlp.linear_fc1.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight"), "gated", None),
     ("mlp.linear_fc2.weight", ("mlp.down_proj.weight",), "columns", None),
-)  # fmt: skip
+)
 """Per decoder layer: (Megatron suffix, Hugging Face suffixes, kind, the :class:`HFModelSpec`
 flag the parameter exists under, or ``None`` for always)."""
 
@@ -411,7 +306,7 @@ flag the parameter exists under, or ``None`` for always)."""
 def _layer_rules(spec: HFModelSpec) -> list[tuple[str, tuple[str, ...], str]]:
     """The per-layer rules this architecture has."""
     return [(m, h, kind) for m, h, kind, flag in _LAYER_RULES
-            if flag is None or getattr(spec, flag)]  # fmt: skip
+            if flag is None or getattr(spec, flag)]
 
 
 def _rules(model: Any, spec: HFModelSpec) -> list[_Rule]:
@@ -457,7 +352,7 @@ def _hf_shapes(rule: _Rule, spec: HFModelSpec) -> list[tuple[int, ...]]:
 
 
 def _shard(rule: _Rule, tensors: list[torch.Tensor], spec: HFModelSpec, padded_vocab: int,
-           tp: int, rank: int) -> torch.Tensor:  # fmt: skip
+           tp: int, rank: int) -> torch.Tensor:
     """This rank's Megatron tensor for a rule, from the full Hugging Face tensors."""
     if rule.kind == "replicated":
         return tensors[0]
@@ -560,9 +455,9 @@ def load_hf_weights(model: Any, source: str | Path | Mapping[str, torch.Tensor])
     if unknown or missing or wrong_shape:
         parts = [f"{label}: {', '.join(items)}" for label, items in (
             ("unknown names", unknown), ("missing names", missing), ("wrong shapes", wrong_shape)
-        ) if items]  # fmt: skip
+        ) if items]
         raise WeightMappingError(f"Hugging Face weights do not fit the {spec.model_type} model; "
-                                 + "; ".join(parts))  # fmt: skip
+                                 + "; ".join(parts))
     with torch.no_grad():
         for rule in rules:
             param = params[rule.megatron]
@@ -606,7 +501,7 @@ def export_hf_state_dict(model: Any) -> dict[str, torch.Tensor]:
     _, tp = _tp_rank_and_size()
     if _parallel_sizes()[1] > 1:
         raise ConfigError("exporting Hugging Face weights with --pipeline-model-parallel-size "
-                          "> 1 is not supported")  # fmt: skip
+                          "> 1 is not supported")
     group = parallel_state.get_tensor_model_parallel_group() if tp > 1 else None
     params = dict(model.named_parameters())
     out: dict[str, torch.Tensor] = {}

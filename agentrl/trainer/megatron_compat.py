@@ -113,7 +113,7 @@ In these modules only, the global ``torch`` becomes :class:`_TorchOnCpu`."""
 _FACTORIES = frozenset({
     "arange", "empty", "empty_like", "full", "full_like", "ones", "ones_like", "rand",
     "randn", "tensor", "zeros", "zeros_like",
-})  # fmt: skip
+})
 """Tensor factories whose ``device=`` argument the CPU view rewrites."""
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from agentrl.config import flag
 from agentrl.errors import ConfigError
-from agentrl.trainer.hf_convert import ARCHITECTURES, HFModelSpec, read_hf_config
+from agentrl.trainer.hf_spec import ARCHITECTURES, HFModelSpec, read_hf_config
 
 __all__ = ["check_model_flags"]
 
@@ -118,7 +118,7 @@ def _config_from_flags(args: Any) -> dict[str, Any]:
         missing.append("--max-position-embeddings (or --seq-length)")
     if missing:
         raise ConfigError(f"without a Hugging Face checkpoint the model is defined by flags; "
-                          f"missing: {', '.join(missing)}")  # fmt: skip
+                          f"missing: {', '.join(missing)}")
     if _arg(args, "qk_layernorm"):
         model_type = "qwen3"
     elif _arg(args, "add_qkv_bias"):

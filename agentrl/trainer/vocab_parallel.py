@@ -114,7 +114,7 @@ class _VocabParallelLogProbs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, temperature: float,
-                chunk_size: int | None, vocab_size: int, group: Any) -> torch.Tensor:  # fmt: skip
+                chunk_size: int | None, vocab_size: int, group: Any) -> torch.Tensor:
         width = logits.shape[-1]
         layout = _ShardLayout.of(width, vocab_size, group)
         logits2d = logits.reshape(-1, width)  # [n, width]
@@ -195,7 +195,7 @@ def vocab_parallel_logprobs(
     _check_inputs(logits_shard, temperature, vocab_size, group)
     if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= vocab_size):
         raise ValueError(f"targets must lie in [0, {vocab_size}); got "
-                         f"[{int(targets.min())}, {int(targets.max())}]")  # fmt: skip
+                         f"[{int(targets.min())}, {int(targets.max())}]")
     if group is None and logits_shard.numel() <= FUSED_MAX_ELEMENTS:
         # One rank and a small batch: torch's fused log-softmax (forward and backward kernels)
         # is several times faster than the chunked function, and the fp32 copy it keeps for
@@ -212,7 +212,7 @@ class _VocabParallelEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, temperature: float, chunk_size: int | None,
-                vocab_size: int, group: Any) -> torch.Tensor:  # fmt: skip
+                vocab_size: int, group: Any) -> torch.Tensor:
         width = logits.shape[-1]
         layout = _ShardLayout.of(width, vocab_size, group)
         logits2d = logits.reshape(-1, width)

@@ -12,19 +12,19 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_RUN = ["--env", "calc", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-            "--max-turns", "2", "--rollout-max-response-len", "12"]  # fmt: skip
+            "--max-turns", "2", "--rollout-max-response-len", "12"]
 
 
 def train(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(REPO / "train.py"), *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+                          capture_output=True, text=True, timeout=600)
 
 
 def test_train_runs_saves_and_resumes(tmp_path):
     out, ckpt = tmp_path / "run", tmp_path / "ckpt"
     first = train(*TINY_RUN, "--num-rollout", "2", "--dead-run-rollouts", "2", "--output-dir", str(out), "--save", str(ckpt),
                   "--save-interval", "1", "--eval-env", "calc", "--eval-interval", "2",
-                  "--eval-max-prompts", "2", cwd=tmp_path)  # fmt: skip
+                  "--eval-max-prompts", "2", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["rollout_id"] for m in metrics] == [0, 1]
@@ -36,7 +36,7 @@ def test_train_runs_saves_and_resumes(tmp_path):
     assert [e["step"] for e in evals] == [0, 2] and evals[0]["sets"]["calc"]["n_prompts"] == 2
 
     resumed = train(*TINY_RUN, "--num-rollout", "3", "--output-dir", str(out), "--load", str(ckpt),
-                    cwd=tmp_path)  # fmt: skip
+                    cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     # the random-init model never solves calc: every group is flat, which is said loudly
     assert "WARNING: dead run" in first.stderr + resumed.stderr
@@ -51,7 +51,7 @@ def test_train_runs_on_swe_tools(tmp_path):
     out = tmp_path / "run"
     done = train("--env", "swe-tools", "--max-turns", "2", "--rollout-batch-size", "2",
                  "--n-samples-per-prompt", "2", "--rollout-max-response-len", "16", "--num-rollout", "1",
-                 "--output-dir", str(out), cwd=tmp_path)  # fmt: skip
+                 "--output-dir", str(out), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = json.loads((out / "metrics.jsonl").read_text())
     assert metrics["rollout/samples"] == 4 and metrics["rollout/failed"] == 0
@@ -72,7 +72,7 @@ def test_bad_flags_name_the_flag(tmp_path):
 def test_sft_warm_start_then_rl_from_its_export(tmp_path):
     sft = train("--env", "calc", "--loss-type", "sft_loss", "--num-rollout", "2",
                 "--rollout-batch-size", "4", "--lr", "1e-3", "--save-hf", str(tmp_path / "hf"),
-                "--save-interval", "2", "--output-dir", str(tmp_path / "sft"), cwd=tmp_path)  # fmt: skip
+                "--save-interval", "2", "--output-dir", str(tmp_path / "sft"), cwd=tmp_path)
     assert sft.returncode == 0, sft.stderr[-3000:]
     metrics = [json.loads(line) for line in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert metrics[1]["train/sft_loss"] < metrics[0]["train/sft_loss"]
@@ -80,7 +80,7 @@ def test_sft_warm_start_then_rl_from_its_export(tmp_path):
     exported = tmp_path / "hf" / "rollout_00002"
     assert (exported / "config.json").is_file() and (exported / "tokenizer.json").is_file()
     rl = train(*TINY_RUN, "--num-rollout", "1", "--hf-checkpoint", str(exported),
-               "--output-dir", str(tmp_path / "rl"), cwd=tmp_path)  # fmt: skip
+               "--output-dir", str(tmp_path / "rl"), cwd=tmp_path)
     assert rl.returncode == 0, rl.stderr[-3000:]
 
 
@@ -94,11 +94,11 @@ def test_resumed_run_equals_an_uninterrupted_one(tmp_path):
     whole = train(*flags, "--num-rollout", "3", "--output-dir", str(tmp_path / "whole"), cwd=tmp_path)
     assert whole.returncode == 0, whole.stderr[-3000:]
     cut = train(*flags, "--num-rollout", "2", "--output-dir", str(tmp_path / "cut"),
-                "--save", str(tmp_path / "ckpt"), "--save-interval", "1", cwd=tmp_path)  # fmt: skip
+                "--save", str(tmp_path / "ckpt"), "--save-interval", "1", cwd=tmp_path)
     assert cut.returncode == 0, cut.stderr[-3000:]
     (tmp_path / "ckpt" / "latest").write_text("rollout_00001\n")  # as if killed after rollout 0
     resumed = train(*flags, "--num-rollout", "3", "--output-dir", str(tmp_path / "resumed"),
-                    "--load", str(tmp_path / "ckpt"), cwd=tmp_path)  # fmt: skip
+                    "--load", str(tmp_path / "ckpt"), cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
     def read(run: str) -> dict[int, dict]:
@@ -120,14 +120,14 @@ def test_resumed_run_equals_an_uninterrupted_one(tmp_path):
 
 def test_engine_actors_colocated_and_with_weights_on_disk(tmp_path):
     disk = train(*TINY_RUN, "--num-rollout", "2", "--rollout-num-gpus", "2", "--weight-sync", "disk",
-                 "--output-dir", str(tmp_path / "disk"), cwd=tmp_path)  # fmt: skip
+                 "--output-dir", str(tmp_path / "disk"), cwd=tmp_path)
     assert disk.returncode == 0, disk.stderr[-3000:]
     assert [p.name for p in (tmp_path / "disk" / "weights").iterdir()] == ["v2"]  # older ones pruned
     second = (tmp_path / "disk" / "trajectories" / "rollout_00001.jsonl").read_text().splitlines()
     assert {json.loads(line)["weight_version"] for line in second} == {"1"}
 
     colocated = train(*TINY_RUN, "--num-rollout", "2", "--colocate", "--output-dir",
-                      str(tmp_path / "colocated"), cwd=tmp_path)  # fmt: skip
+                      str(tmp_path / "colocated"), cwd=tmp_path)
     assert colocated.returncode == 0, colocated.stderr[-3000:]
     metrics = (tmp_path / "colocated" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(m)["rollout/samples"] for m in metrics] == [4, 4]
@@ -168,12 +168,12 @@ def test_engine_killed_mid_run_on_a_joined_ray_cluster(tmp_path):
     address = f"127.0.0.1:{port}"
     # a cluster started with `ray start` needs a shared token (Ray >= 2.59 authenticates by default)
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16),
-           "PYTHONPATH": str(REPO)}  # fmt: skip
+           "PYTHONPATH": str(REPO)}
     ray_bin = Path(sys.executable).with_name("ray")
     head = subprocess.Popen([str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=4",
                              "--include-dashboard=false", "--disable-usage-stats"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True)
     run = killer = None
     try:
         out = tmp_path / "run"
@@ -182,9 +182,9 @@ def test_engine_killed_mid_run_on_a_joined_ray_cluster(tmp_path):
                                 "--rollout-num-gpus", "2", "--use-fault-tolerance",
                                 "--rollout-health-check-interval", "1", "--ray-address", address,
                                 "--output-dir", str(out)], env=env,
-                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         killer = subprocess.run([sys.executable, "-c", KILL_ENGINE_0, address, str(run.pid)], env=env,
-                                capture_output=True, text=True, timeout=600)  # fmt: skip
+                                capture_output=True, text=True, timeout=600)
         assert killer.returncode == 0, killer.stderr[-3000:]
         stdout, stderr = run.communicate(timeout=600)
         assert run.returncode == 0, stderr[-3000:]
@@ -207,7 +207,7 @@ def test_sglang_backend_through_the_router(tmp_path):
     pytest.importorskip("sglang_router", reason="sglang-router is not installed (pip install sglang-router)")
     out = tmp_path / "run"
     done = train(*TINY_RUN, "--num-rollout", "2", "--rollout-backend", "sglang-compat", "--rollout-num-gpus", "2",
-                 "--sglang-context-length", "2048", "--output-dir", str(out), cwd=tmp_path)  # fmt: skip
+                 "--sglang-context-length", "2048", "--output-dir", str(out), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     second = (out / "trajectories" / "rollout_00001.jsonl").read_text().splitlines()
     assert len(second) == 4 and {json.loads(line)["weight_version"] for line in second} == {"1"}
@@ -216,7 +216,7 @@ def test_sglang_backend_through_the_router(tmp_path):
     # the trainer's rank 0 (a Ray actor) broadcasts to both servers over a gloo group
     broadcast = train(*TINY_RUN, "--num-rollout", "2", "--rollout-backend", "sglang-compat",
                       "--rollout-num-gpus", "2", "--weight-sync", "broadcast", "--output-dir",
-                      str(tmp_path / "broadcast"), cwd=tmp_path)  # fmt: skip
+                      str(tmp_path / "broadcast"), cwd=tmp_path)
     assert broadcast.returncode == 0, broadcast.stderr[-3000:]
     second = (tmp_path / "broadcast" / "trajectories" / "rollout_00001.jsonl").read_text().splitlines()
     assert {json.loads(line)["weight_version"] for line in second} == {"1"}
@@ -224,13 +224,13 @@ def test_sglang_backend_through_the_router(tmp_path):
 
     # colocated: the server shares the trainer's bundle and releases its memory while it trains
     colocated = train(*TINY_RUN, "--num-rollout", "2", "--rollout-backend", "sglang-compat", "--colocate",
-                      "--output-dir", str(tmp_path / "colocated"), cwd=tmp_path)  # fmt: skip
+                      "--output-dir", str(tmp_path / "colocated"), cwd=tmp_path)
     assert colocated.returncode == 0, colocated.stderr[-3000:]
     second = (tmp_path / "colocated" / "trajectories" / "rollout_00001.jsonl").read_text().splitlines()
     assert {json.loads(line)["weight_version"] for line in second} == {"1"}
 
     bad = train(*TINY_RUN, "--rollout-backend", "sglang-compat", "--sglang-mem-fraction-static", "0.8",
-                "--rollout-num-gpus", "1", cwd=tmp_path)  # fmt: skip
+                "--rollout-num-gpus", "1", cwd=tmp_path)
     assert bad.returncode == 2 and "--sglang-mem-fraction-static" in bad.stderr
     bad = train(*TINY_RUN, "--rollout-backend", "sglang", cwd=tmp_path)
     assert bad.returncode == 2 and "--rollout-num-gpus" in bad.stderr

@@ -20,7 +20,7 @@ def engine_samples(count: int = 8) -> list[Sample]:
         try:
             prompts = [[1, 20 + i, 30, 40 + i, 2] for i in range(count)]
             outs = await asyncio.gather(*(engine.generate(p, SamplingParams(max_new_tokens=24))
-                                          for p in prompts))  # fmt: skip
+                                          for p in prompts))
         finally:
             await engine.close()
         samples = []
@@ -29,7 +29,7 @@ def engine_samples(count: int = 8) -> list[Sample]:
             samples.append(Sample(group_id=i // 4, index=i % 4, tokens=prompt + out.output_ids,
                                   response_length=n, loss_mask=[1] * n,
                                   rollout_log_probs=out.output_logprobs, reward=float(i % 2),
-                                  status=Status.COMPLETED, turns=[Turn("assistant", 0, n)]))  # fmt: skip
+                                  status=Status.COMPLETED, turns=[Turn("assistant", 0, n)]))
         return samples
 
     return asyncio.run(run())

@@ -29,7 +29,7 @@ def server():
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "sglang.launch_server", "--model-path", str(build_tiny_model()),
                              "--host", "127.0.0.1", "--port", str(port), "--mem-fraction-static", "0.2",
-                             "--random-seed", "0", "--skip-server-warmup"])  # fmt: skip
+                             "--random-seed", "0", "--skip-server-warmup"])
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -46,14 +46,14 @@ def test_sglang_and_the_bf16_trainer_agree_at_step_zero(server):
         try:
             prompts = [[1, 20 + i, 30, 40 + i, 2] for i in range(8)]
             outs = await asyncio.gather(*(engine.generate(p, SamplingParams(max_new_tokens=32), rid=f"s{i}-t0")
-                                          for i, p in enumerate(prompts)))  # fmt: skip
+                                          for i, p in enumerate(prompts)))
         finally:
             await engine.close()
         return [Sample(group_id=i // 4, index=i % 4, tokens=p + o.output_ids, response_length=len(o.output_ids),
                        loss_mask=[1] * len(o.output_ids), rollout_log_probs=o.output_logprobs,
                        reward=float(i % 2), status=Status.COMPLETED,
                        turns=[Turn("assistant", 0, len(o.output_ids))])
-                for i, (p, o) in enumerate(zip(prompts, outs, strict=True))]  # fmt: skip
+                for i, (p, o) in enumerate(zip(prompts, outs, strict=True))]
 
     samples = asyncio.run(play())
     actor = MegatronActor(TrainerConfig(lr=1e-5, micro_batch_size=4), hf_checkpoint=build_tiny_model())
@@ -89,7 +89,7 @@ def test_short_colocated_training_run(tmp_path):
          "--n-samples-per-prompt", "4", "--max-turns", "2", "--rollout-max-response-len", "32", "--num-rollout", "2",
          "--rollout-backend", "sglang", "--colocate", "--sglang-mem-fraction-static", "0.2",
          "--sglang-enable-memory-saver", "--output-dir", str(out)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=900)  # fmt: skip
+        cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = (out / "trajectories" / "rollout_00001.jsonl").read_text().splitlines()
     assert {json.loads(line)["weight_version"] for line in lines} == {"1"}

@@ -49,7 +49,7 @@ def test_requests_of_one_episode_stay_on_one_engine_and_weights_reach_all(ray_se
         group = await launch_engines(cluster(), build_tiny_model(), seed=0, max_batch_size=8)
         try:
             outs = await asyncio.gather(*(group.generate([5, 6, 7], SEEDED, rid=f"r0-g{i}-s0-t0")
-                                          for i in range(6)))  # fmt: skip
+                                          for i in range(6)))
             first = dict(group._affinity)
             assert set(first.values()) == {0, 1}  # new episodes spread over both engines
             await group.generate([5, 6, 7], SEEDED, rid="r0-g3-s0-t1")
@@ -63,7 +63,7 @@ def test_requests_of_one_episode_stay_on_one_engine_and_weights_reach_all(ray_se
             await reference.close()
             await group.update_weights(state_dict=state, version="1")
             both = await asyncio.gather(*(group.generate([5, 6, 7], SEEDED, rid=f"{e}-t0")
-                                          for e in ("a", "b")))  # fmt: skip
+                                          for e in ("a", "b")))
             assert {group._affinity["a"], group._affinity["b"]} == {0, 1}
             for out in both:
                 assert (out.weight_version, out.output_ids) == ("1", expected.output_ids)
@@ -85,11 +85,11 @@ def test_requests_of_one_episode_stay_on_one_engine_and_weights_reach_all(ray_se
 def test_engine_killed_mid_rollout_is_restarted_and_every_sample_is_present_once(ray_session):
     async def scenario():
         group = await launch_engines(cluster(use_fault_tolerance=True), build_tiny_model(), seed=0,
-                                     max_batch_size=16)  # fmt: skip
+                                     max_batch_size=16)
         try:
             await group.update_weights(path=str(build_tiny_model()), version="3")
             args = RolloutConfig(env="calc", max_turns=3, rollout_batch_size=8, n_samples_per_prompt=4,
-                                 rollout_max_response_len=48, rollout_concurrency=32)  # fmt: skip
+                                 rollout_max_response_len=48, rollout_concurrency=32)
             ctx = make_rollout_context(args, group, env_factory(args))
             runner = RolloutRunner.from_context(ctx, load_data_source(args))
             rollout = asyncio.create_task(runner.generate(0))
@@ -115,7 +115,7 @@ def test_engine_killed_mid_rollout_is_restarted_and_every_sample_is_present_once
 def test_an_engine_that_stops_answering_health_checks_is_replaced(ray_session):
     async def scenario():
         group = await launch_engines(cluster(use_fault_tolerance=True), build_tiny_model(), seed=0,
-                                     max_batch_size=4)  # fmt: skip
+                                     max_batch_size=4)
         try:
             old_pid = (await group.slots[1].handle.info.remote())["pid"]
             group.kill_engine(1)  # nothing in flight: only the health check can notice

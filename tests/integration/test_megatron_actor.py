@@ -57,11 +57,11 @@ def samples() -> list[Sample]:
             ctx = RolloutContext(
                 RolloutConfig(max_turns=3), FixedLengthTurns(engine), ChatRenderer(engine.tokenizer, fmt),
                 SamplingParams(max_new_tokens=10, temperature=TEMPERATURE), 512,
-                lambda: LookEnv(max_turns=3, tool_call_format=fmt))  # fmt: skip
+                lambda: LookEnv(max_turns=3, tool_call_format=fmt))
             group = [Sample(group_id=g, index=i, metadata={"task": {"i": g}})
-                     for g in range(2) for i in range(4)]  # fmt: skip
+                     for g in range(2) for i in range(4)]
             return list(await asyncio.gather(*(Episode(ctx, s, f"s{s.group_id}-{s.index}").run()
-                                               for s in group)))  # fmt: skip
+                                               for s in group)))
         finally:
             await engine.close()
 
@@ -75,7 +75,7 @@ def samples() -> list[Sample]:
 def actor(**flags) -> MegatronActor:
     config = TrainerConfig(**{"lr": 1e-3, **flags})
     return MegatronActor(config, hf_checkpoint=build_tiny_model(), rollout_temperature=TEMPERATURE,
-                         total_steps=4)  # fmt: skip
+                         total_steps=4)
 
 
 def trained_logprobs(actor_: MegatronActor, samples: list[Sample]) -> torch.Tensor:
@@ -170,11 +170,11 @@ def test_hf_export_serves_the_engine(samples, tmp_path):
             await engine.update_weights(state_dict=state, version="1")
             s = samples[0]
             out = await engine.generate(s.tokens[: s.prompt_length],
-                                        SamplingParams(max_new_tokens=1, temperature=TEMPERATURE))  # fmt: skip
+                                        SamplingParams(max_new_tokens=1, temperature=TEMPERATURE))
             assert out.weight_version == "1"
             probe = Sample(group_id=0, tokens=s.tokens[: s.prompt_length] + out.output_ids,
                            response_length=1, loss_mask=[1], rollout_log_probs=out.output_logprobs,
-                           reward=0.0)  # fmt: skip
+                           reward=0.0)
             mine = a.logprobs([probe])[0, s.prompt_length - 1]
             return abs(float(mine) - out.output_logprobs[0])
         finally:
@@ -198,7 +198,7 @@ def _tp2_worker(rank: int, port: int, data: str, out: str) -> None:
     next_metrics = resumed.train(samples)
     torch.save({"before": before, "after": after, "metrics": metrics, "loaded": loaded,
                 "extra": extra, "step": resumed.step, "next": next_metrics},
-               Path(out) / f"rank{rank}.pt")  # fmt: skip
+               Path(out) / f"rank{rank}.pt")
 
 
 def test_tensor_parallel_2_equals_1(samples, tmp_path):
@@ -256,7 +256,7 @@ def test_sft_loss_learns_the_demonstrations():
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(str(build_tiny_model())))
     demos = [conversation_sample(renderer, CONVERSATION, group_id=i) for i in range(4)]
     a = MegatronActor(TrainerConfig(lr=1e-3, loss_type="sft_loss", micro_batch_size=2),
-                      hf_checkpoint=build_tiny_model(), rollout_temperature=1.0)  # fmt: skip
+                      hf_checkpoint=build_tiny_model(), rollout_temperature=1.0)
     before = trained_logprobs(a, demos)
     losses = [a.train(demos)["sft_loss"] for _ in range(5)]
     assert losses[0] == pytest.approx(-float(before.mean()), rel=1e-4)  # NLL of the trained tokens
@@ -274,7 +274,7 @@ def _dp2_worker(rank: int, port: int, data: str, out: str) -> None:
     sft = actor(lr=1e-3, micro_batch_size=2, loss_type="sft_loss")
     sft_metrics = sft.train(samples)
     torch.save({"metrics": metrics, "after": a.logprobs(samples), "sft": sft_metrics,
-                "sft_after": sft.logprobs(samples)}, Path(out) / f"dp-rank{rank}.pt")  # fmt: skip
+                "sft_after": sft.logprobs(samples)}, Path(out) / f"dp-rank{rank}.pt")
 
 
 def test_data_parallel_2_splits_the_batch_and_equals_1(samples, tmp_path):
@@ -292,7 +292,7 @@ def test_data_parallel_2_splits_the_batch_and_equals_1(samples, tmp_path):
     for rank in (0, 1):
         got = torch.load(tmp_path / f"dp-rank{rank}.pt")
         for key in ("loss", "pg_loss", "entropy", "clip_fraction", "ppo_kl", "grad_norm",
-                    "logprob_abs_diff"):  # fmt: skip
+                    "logprob_abs_diff"):
             assert got["metrics"][key] == pytest.approx(metrics[key], abs=1e-5, rel=1e-4), key
         assert torch.allclose(got["after"], after, atol=1e-4)
         for key in ("sft_loss", "grad_norm"):

@@ -51,7 +51,7 @@ def make_model(**overrides: object) -> torch.nn.Module:
         activation_func=F.silu, add_bias_linear=False, add_qkv_bias=True,
         hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=True,
         params_dtype=torch.float32,
-    )  # fmt: skip
+    )
     fields.update(overrides)
     return GPTModel(
         config=TransformerConfig(**fields),
@@ -146,7 +146,7 @@ def test_activation_recompute_reproduces_dropout(model_parallel: None) -> None:
     dropout = dict(attention_dropout=0.3, hidden_dropout=0.2)
     plain = make_model(**dropout).train()
     recomputed = make_model(**dropout, recompute_granularity="full", recompute_method="uniform",
-                            recompute_num_layers=1).train()  # fmt: skip
+                            recompute_num_layers=1).train()
     recomputed.load_state_dict(plain.state_dict())
     ids, pos = batch(4)
     for model in (plain, recomputed):
@@ -225,7 +225,7 @@ def test_forward_backward_func_with_micro_batches(model_parallel: None) -> None:
 
     forward_backward = get_forward_backward_func()
     common = dict(forward_step_func=forward_step, model=[ddp], num_microbatches=3,
-                  seq_length=SEQ, micro_batch_size=BATCH)  # fmt: skip
+                  seq_length=SEQ, micro_batch_size=BATCH)
     ddp.zero_grad_buffer()
     losses = forward_backward(data_iterator=iter(micro_batches), forward_only=False, **common)
     got = {n: p.main_grad.detach().clone() for n, p in model.named_parameters()}

@@ -62,7 +62,7 @@ def hf_model(kind: str, tie: bool, seed: int = 0) -> tuple[torch.nn.Module, dict
         vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
         tie_word_embeddings=tie, rope_theta=10000.0, rms_norm_eps=1e-6, **extra,
-    )  # fmt: skip
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = model_cls(config).float().eval()
@@ -232,7 +232,7 @@ def test_vocab_parallel_logprobs_reject_bad_inputs(tp1: None) -> None:
         vocab_parallel_logprobs(logits, torch.tensor([[0, 1, VOCAB]]), vocab_size=VOCAB)
     with pytest.raises(ValueError, match="temperature"):
         vocab_parallel_logprobs(logits, torch.zeros(1, 3, dtype=torch.long), vocab_size=VOCAB,
-                                temperature=0.0)  # fmt: skip
+                                temperature=0.0)
     with pytest.raises(ValueError, match="vocab_size"):
         vocab_parallel_entropy(logits, vocab_size=PADDED + 1)
 
@@ -243,7 +243,7 @@ def test_vocab_parallel_logprobs_reject_bad_inputs(tp1: None) -> None:
 def _tp2_worker(rank: int, port: int, hf_dir: str, ckpt_dir: str, out_dir: str) -> None:
     """Every TP=2 check in one process start; results go to ``out_dir/rank{rank}.pt``."""
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))  # fmt: skip
+                      MASTER_PORT=str(port))
     torch.set_num_threads(1)
     from megatron.core import dist_checkpointing
 
@@ -275,7 +275,7 @@ def _tp2_worker(rank: int, port: int, hf_dir: str, ckpt_dir: str, out_dir: str) 
         targets = torch.randint(0, vocab, (3, 4), generator=generator)
         shard = full.chunk(2, dim=-1)[rank].clone().requires_grad_()
         logp = vocab_parallel_logprobs(shard, targets, vocab_size=vocab,
-                                       temperature=TEMPERATURE, chunk_size=5)  # fmt: skip
+                                       temperature=TEMPERATURE, chunk_size=5)
         entropy = vocab_parallel_entropy(shard, vocab_size=vocab, temperature=TEMPERATURE)
         (logp.sum() + entropy.sum()).backward()
         results[f"synthetic_{vocab}"] = (full, targets, logp.detach(), entropy.detach(), shard.grad)
@@ -313,7 +313,7 @@ def test_tensor_parallel_2_equals_tp1(tp1: None, tmp_path: Path) -> None:
         assert torch.equal(tp2["export"][name], export[name]), name
         torch.testing.assert_close(tp2["grads"][name], grads[name], rtol=0, atol=1e-5, msg=name)
         torch.testing.assert_close(tp2["after_step"][name], after_step[name], rtol=0, atol=1e-5,
-                                   msg=name)  # fmt: skip
+                                   msg=name)
     assert tp2["grad_norm"] == pytest.approx(grad_norm, rel=1e-5)
 
     for vocab in (VOCAB, 180):
@@ -343,7 +343,7 @@ def test_model_flags_mismatch_names_the_flag() -> None:
     ok = SimpleNamespace(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2,
                          ffn_hidden_size=96, vocab_size=VOCAB, seq_length=128, rotary_base=10000,
                          add_qkv_bias=True, untie_embeddings_and_output_weights=True,
-                         normalization="RMSNorm", swiglu=True)  # fmt: skip
+                         normalization="RMSNorm", swiglu=True)
     assert check_model_flags(raw, ok) == raw
     assert check_model_flags(raw, {"num_layers": 2, "hidden_size": None}) == raw  # None: not given
     cases = {
@@ -356,7 +356,7 @@ def test_model_flags_mismatch_names_the_flag() -> None:
             False, r"--untie-embeddings-and-output-weights is False .* tie_word_embeddings"),
         "add_qkv_bias": (False, r"--add-qkv-bias is False .* 'qwen2'"),
         "normalization": ("LayerNorm", r"--normalization LayerNorm"),
-    }  # fmt: skip
+    }
     for name, (value, message) in cases.items():
         with pytest.raises(ConfigError, match=message):
             check_model_flags(raw, {**vars(ok), name: value})
@@ -365,7 +365,7 @@ def test_model_flags_mismatch_names_the_flag() -> None:
 def test_model_flags_define_a_model_without_checkpoint(tp1: None) -> None:
     flags = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 96,
              "num_query_groups": 2, "vocab_size": VOCAB, "seq_length": 64, "add_qkv_bias": True,
-             "rotary_base": 1e6}  # fmt: skip
+             "rotary_base": 1e6}
     raw = check_model_flags(None, flags)
     assert raw["model_type"] == "qwen2" and raw["tie_word_embeddings"] is True
     assert raw["max_position_embeddings"] == 64 and raw["rope_theta"] == 1e6
@@ -387,7 +387,7 @@ def test_unsupported_configs_name_the_field() -> None:
         "sliding": ({"use_sliding_window": True}, r"'use_sliding_window'"),
         "act": ({"hidden_act": "gelu"}, r"'hidden_act' is 'gelu'"),
         "bias": ({"attention_bias": True}, r"'attention_bias'"),
-    }  # fmt: skip
+    }
     for changes, message in cases.values():
         with pytest.raises(ConfigError, match=message):
             transformer_config_from_hf({**raw, **changes})
@@ -397,12 +397,12 @@ def test_transformer_config_fields() -> None:
     _, raw = hf_model("qwen2", tie=False)
     config = transformer_config_from_hf({**raw, "rms_norm_eps": 1e-5}, hidden_dropout=0.1)
     assert (config.normalization, config.gated_linear_unit, config.add_bias_linear) == (
-        "RMSNorm", True, False)  # fmt: skip
+        "RMSNorm", True, False)
     assert config.add_qkv_bias and config.num_query_groups == 2 and config.kv_channels == 16
     assert config.layernorm_epsilon == 1e-5 and config.attention_dropout == 0.0
     assert config.hidden_dropout == 0.1  # overrides win
     with pytest.raises(ConfigError, match=r"--tensor-model-parallel-size 4 must divide .* "
-                                          r"num_key_value_heads \(2\)"):  # fmt: skip
+                                          r"num_key_value_heads \(2\)"):
         transformer_config_from_hf(raw, tensor_model_parallel_size=4)
     with pytest.raises(ConfigError, match="--sequence-parallel"):
         transformer_config_from_hf(raw, sequence_parallel=True)
@@ -431,7 +431,7 @@ def test_init_model_parallel_validates_sizes(tp1: None) -> None:
         init_model_parallel(2, 1)
     with pytest.raises(ConfigError, match=r"--tensor-model-parallel-size \(2\) x "
                                           r"--pipeline-model-parallel-size \(2\) = 4 does not "
-                                          r"divide the world size \(6"):  # fmt: skip
+                                          r"divide the world size \(6"):
         distributed._validate_sizes(2, 2, 6)
     with pytest.raises(ConfigError, match="--pipeline-model-parallel-size must be >= 1"):
         distributed._validate_sizes(1, 0, 1)

@@ -21,7 +21,7 @@ def samples() -> list[Sample]:
         out.append(Sample(group_id=i // 4, index=i % 4, tokens=prompt + response,
                           response_length=12, loss_mask=[1] * 12, rollout_log_probs=[-8.0] * 12,
                           reward=float(i % 2), status=Status.COMPLETED,
-                          turns=[Turn("assistant", 0, 12)]))  # fmt: skip
+                          turns=[Turn("assistant", 0, 12)]))
     return out
 
 
@@ -39,7 +39,7 @@ def test_two_ray_ranks_at_tp2_equal_one_local_rank(ray_session, tmp_path):
     cluster = ClusterConfig(actor_num_gpus_per_node=2)
     cluster.validate()
     group = TrainerGroup(cluster, TrainerConfig(lr=1e-4, tensor_model_parallel_size=2,
-                                                micro_batch_size=4), **kwargs)  # fmt: skip
+                                                micro_batch_size=4), **kwargs)
     try:
         remote_metrics = group.train(samples())
         remote_weights = group.hf_state_dict()

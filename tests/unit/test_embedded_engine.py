@@ -28,7 +28,7 @@ def _hf_model(seed: int) -> Qwen2ForCausalLM:
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
         tie_word_embeddings=False, initializer_range=0.1,
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"), pad_token_id=0,
-    )  # fmt: skip
+    )
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(config).eval()
 
@@ -75,12 +75,12 @@ def _hf_greedy(hf: Qwen2ForCausalLM, prompt: list[int], new_tokens: int) -> list
     with torch.no_grad():
         out = hf.generate(torch.tensor([prompt]), max_new_tokens=new_tokens,
                           min_new_tokens=new_tokens, do_sample=False, eos_token_id=None,
-                          pad_token_id=0)  # fmt: skip
+                          pad_token_id=0)
     return out[0, len(prompt) :].tolist()
 
 
 def _hf_logprobs(hf: Qwen2ForCausalLM, prompt: list[int], output: list[int],
-                 temperature: float) -> torch.Tensor:  # fmt: skip
+                 temperature: float) -> torch.Tensor:
     with torch.no_grad():
         logits = hf(torch.tensor([prompt + output])).logits[0].float()
     logp = (logits / temperature).log_softmax(-1)
@@ -122,7 +122,7 @@ def _mixed_requests() -> list[tuple[list[int], SamplingParams]]:
         if i % 2:
             sampling = SamplingParams(max_new_tokens=max_new, temperature=0.8 + 0.1 * i,
                                       top_p=0.9 if i % 3 else 1.0, top_k=50 if i == 3 else -1,
-                                      sampling_seed=1000 + i, ignore_eos=True)  # fmt: skip
+                                      sampling_seed=1000 + i, ignore_eos=True)
         else:
             sampling = GREEDY.replace(max_new_tokens=max_new)
         requests.append((prompt, sampling))
@@ -133,7 +133,7 @@ def test_concurrent_requests_equal_one_at_a_time(model_dir: Path) -> None:
     requests = _mixed_requests()
 
     async def body(engine: EmbeddedEngine) -> tuple[list[GenerateOutput], list[GenerateOutput],
-                                                    dict[str, float]]:  # fmt: skip
+                                                    dict[str, float]]:
         alone = [await engine.generate(p, s) for p, s in requests]
         before = engine.stats()["decode_steps"]
         await engine.pause("in_place")  # so that all eight are admitted together
@@ -163,7 +163,7 @@ def test_logprobs_match_a_full_forward(model_dir: Path, hf: Qwen2ForCausalLM) ->
         SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True),
         SamplingParams(max_new_tokens=12, temperature=0.7, ignore_eos=True, sampling_seed=3),
         SamplingParams(max_new_tokens=12, temperature=1.3, top_k=5, top_p=0.8,
-                       ignore_eos=True, sampling_seed=4),  # fmt: skip
+                       ignore_eos=True, sampling_seed=4),
     ]
 
     async def body(engine: EmbeddedEngine) -> list[GenerateOutput]:
@@ -313,7 +313,7 @@ def test_abort_by_prefix(model_dir: Path) -> None:
 
     async def body(engine: EmbeddedEngine) -> tuple[Any, ...]:
         tasks = {rid: asyncio.create_task(engine.generate(_prompt(4, i), sampling, rid=rid))
-                 for i, rid in enumerate(["ep1-a", "ep1-b", "ep2-a"])}  # fmt: skip
+                 for i, rid in enumerate(["ep1-a", "ep1-b", "ep2-a"])}
         await _wait_for(lambda: engine.stats()["decode_steps"] >= 5)
         count = await engine.abort("ep1")
         none = await engine.abort("nothing")
@@ -455,7 +455,7 @@ def test_health_close_and_cancellation(model_dir: Path) -> None:
         # close aborts what is in flight, then refuses new work; closing twice is fine
         generated = engine.stats()["tokens_generated"]
         pending = asyncio.create_task(engine.generate(_prompt(4), GREEDY.replace(
-            max_new_tokens=400)))  # fmt: skip
+            max_new_tokens=400)))
         await _wait_for(lambda: engine.stats()["tokens_generated"] >= generated + 3)
         await engine.close()
         out = await pending

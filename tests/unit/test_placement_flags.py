@@ -58,7 +58,7 @@ def test_engine_counts():
     ({"colocate": True, "rollout_num_gpus": 3}, "--rollout-num-gpus must be 1"),
     ({"use_fault_tolerance": True}, "--use-fault-tolerance restarts engine actors"),
     ({"rollout_num_gpus": 1, "rollout_health_check_interval": 0}, "--rollout-health-check-interval"),
-])  # fmt: skip
+])
 def test_impossible_placements_name_the_flag(flags, message):
     with pytest.raises(ConfigError, match=message):
         ClusterConfig(**flags).validate()

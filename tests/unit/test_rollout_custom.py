@@ -90,7 +90,7 @@ def scored(samples, **kw):
 
 def completed(prompt, response, **meta):
     return Sample(group_id=0, prompt=prompt, response=response, status=Status.COMPLETED,
-                  reward=0.0, metadata=meta)  # fmt: skip
+                  reward=0.0, metadata=meta)
 
 
 def test_brief_reward_model_class():
@@ -105,7 +105,7 @@ def test_brief_reward_model_class():
     ("async def rm(args, sample):\n    return len(sample.response) * 2\n", [2.0, 4.0]),
     ("def rm(args, samples):\n    return [float(i) for i, _ in enumerate(samples)]\n", [0.0, 1.0]),
     ("async def rm(args, samples):\n    return [True, False]\n", [1.0, 0.0]),
-])  # fmt: skip
+])
 def test_reward_function_forms(tmp_path, source, expected):
     path = tmp_path / f"rm{abs(hash(source))}.py"
     path.write_text(source)
@@ -120,7 +120,7 @@ def test_reward_errors_fail_only_their_sample(tmp_path):
                     "    if sample.response == 'bad':\n        raise ValueError('no score')\n"
                     "    return 'x' if sample.response == 'nan' else 0.5\n")
     samples = scored([completed("p", "ok"), completed("p", "bad"), completed("p", "nan")],
-                     custom_rm_path=str(path))  # fmt: skip
+                     custom_rm_path=str(path))
     assert samples[0].reward == 0.5 and samples[0].status is Status.COMPLETED
     assert samples[1].status is Status.FAILED and "ValueError: no score" in samples[1].metadata["reward_error"]
     assert samples[2].status is Status.FAILED and "not a number" in samples[2].metadata["reward_error"]

@@ -146,7 +146,7 @@ def test_overlong_tool_output_is_cut_to_fit_and_says_so():
     assert len(sample.tokens) <= 400
     env_turn = next(t for t in sample.turns if t.role == "environment")
     text = ctx.renderer.tokenizer.decode(sample.tokens[sample.prompt_length + env_turn.start :
-                                                       sample.prompt_length + env_turn.end])  # fmt: skip
+                                                       sample.prompt_length + env_turn.end])
     assert "characters of output cut to fit the context window" in text
     assert re.search(CUT_MARKER.format(removed=r"\d+").replace("[", r"\[").replace(".", r"\."), text)
     assert sample.metadata["tool_outputs_cut"] == 1

@@ -103,7 +103,7 @@ def test_partial_rollout_returns_unfinished_groups_and_resumes_them(tmp_path):
     partial = {(s[0], s[1]): s[3] for g in buffered for s in g}
     assert len(second.groups) == 2
     resumed = {(s.group_id, s.index): s for g in [*second.groups, *source.buffer] for s in g
-               if (s.group_id, s.index) in partial}  # fmt: skip
+               if (s.group_id, s.index) in partial}
     assert len(resumed) == 4  # in this batch, or finished and buffered as surplus
     for key, sample in resumed.items():
         assert sample.status is Status.COMPLETED and sample.reward == 1.0

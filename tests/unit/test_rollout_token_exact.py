@@ -132,7 +132,7 @@ class ScriptEngine(Engine):
 _WORD = st.text(alphabet=st.sampled_from("abcxyzé東🚀 ,.!"), min_size=1, max_size=12).map(
     lambda s: s.strip() or "w")
 _CALL = st.builds(lambda text, repeat: {"name": "echo", "arguments": {"text": text, "repeat": repeat}},
-                  _WORD, st.sampled_from([1, 40, 300, 300]))  # fmt: skip
+                  _WORD, st.sampled_from([1, 40, 300, 300]))
 _TURN = st.builds(
     Turn,
     content=_WORD,
@@ -144,7 +144,7 @@ _TURN = st.builds(
 
 def garbage_text(fmt: str) -> str:
     return {"hermes": "<tool_call>\n{not json\n</tool_call>", "qwen3_coder": "<tool_call>\n<function=",
-            "mistral": "[TOOL_CALLS] [{"}[fmt]  # fmt: skip
+            "mistral": "[TOOL_CALLS] [{"}[fmt]
 
 
 @pytest.fixture(scope="module", params=[(t, v) for t in TEMPLATES for v in VOCABS],
@@ -152,7 +152,7 @@ def garbage_text(fmt: str) -> str:
 def renderer(request) -> ChatRenderer:
     template, fmt = TEMPLATES[request.param[0]]
     r = ChatRenderer(VOCABS[request.param[1]](), fmt, chat_template=template,
-                     template_name=request.param[0])  # fmt: skip
+                     template_name=request.param[0])
     r.self_check(EchoEnv().toolbox.schemas)
     return r
 
@@ -160,14 +160,14 @@ def renderer(request) -> ChatRenderer:
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(script=st.lists(_TURN, min_size=1, max_size=5), max_turns=st.integers(1, 4),
        max_new_tokens=st.sampled_from([8, 400, 400, 400]), context=st.sampled_from([300, 700, 4000]),
-       question=_WORD)  # fmt: skip
+       question=_WORD)
 def test_tokens_are_prompt_plus_sampled_plus_deltas(renderer, script, max_turns, max_new_tokens, context, question):
     fmt = renderer.tool_call_format.name
     script = [dataclasses.replace(t, content=garbage_text(fmt)) if t.garbage else t for t in script]
     tools = EchoEnv().toolbox.schemas
     engine = ScriptEngine(renderer, script, tools)
     ctx = RolloutContext(RolloutConfig(max_turns=max_turns), engine, renderer, SamplingParams(max_new_tokens=max_new_tokens), context,
-                         lambda: EchoEnv(max_turns=max_turns, tool_call_format=fmt))  # fmt: skip
+                         lambda: EchoEnv(max_turns=max_turns, tool_call_format=fmt))
     episode = Episode(ctx, Sample(group_id=0, metadata={"task": {"q": question}}), "p")
     sample = asyncio.run(episode.run())
     assert sample.status is not Status.FAILED, sample.metadata.get("traceback")

@@ -19,7 +19,7 @@ FLAT = {"rollout/groups": 4, "rollout/zero_std_groups": 4, "rollout/reward_mean"
 LEARNING = {"rollout/groups": 4, "rollout/zero_std_groups": 1, "rollout/reward_mean": 0.5}
 EVAL = {"step": 2, "sets": {"calc": {"n_prompts": 3, "n_samples": 6, "mean_reward": 0.5,
                                      "statuses": {"completed": 5, "truncated": 1},
-                                     "pass@1": 0.5, "pass@2": 0.75}}}  # fmt: skip
+                                     "pass@1": 0.5, "pass@2": 0.75}}}
 
 
 @pytest.fixture(autouse=True)
@@ -35,7 +35,7 @@ def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
     events = EventAccumulator(str(log_dir))
     events.Reload()
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)]
-            for tag in events.Tags()["scalars"]}  # fmt: skip
+            for tag in events.Tags()["scalars"]}
 
 
 def test_metrics_jsonl_and_tensorboard_scalars(tmp_path: Path) -> None:
@@ -97,7 +97,7 @@ def test_close_is_idempotent_and_later_writes_go_to_jsonl_only(tmp_path: Path) -
 
 
 def test_dead_run_warning_after_n_flat_rollouts_and_reset(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     log = RunLog(tmp_path, dead_run_rollouts=2, use_tensorboard=False)
     log.metrics(0, FLAT)
     assert "dead run" not in capsys.readouterr().err
@@ -109,7 +109,7 @@ def test_dead_run_warning_after_n_flat_rollouts_and_reset(
     log.metrics(4, FLAT)
     assert "in the last 2 rollouts" in capsys.readouterr().err
     flat = [json.loads(line)["run/flat_rollouts_in_a_row"]
-            for line in log.metrics_path.read_text().splitlines()]  # fmt: skip
+            for line in log.metrics_path.read_text().splitlines()]
     assert flat == [1, 2, 0, 1, 2]
 
 
@@ -122,7 +122,7 @@ def test_wandb_flags_defaults() -> None:
 
 
 def test_wandb_missing_is_a_config_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+                                         capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "wandb", None)  # makes `import wandb` fail, installed or not
     with pytest.raises(ConfigError, match=r"--use-wandb.*pip install wandb"):
         RunLog(tmp_path / "run", use_wandb=True)
@@ -134,7 +134,7 @@ def test_wandb_missing_is_a_config_error(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 def test_wandb_sink_logs_against_rollout_id(monkeypatch: pytest.MonkeyPatch,
-                                            tmp_path: Path) -> None:  # fmt: skip
+                                            tmp_path: Path) -> None:
     calls: list[tuple[str, object]] = []
 
     class FakeRun:
@@ -153,14 +153,14 @@ def test_wandb_sink_logs_against_rollout_id(monkeypatch: pytest.MonkeyPatch,
 
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
     log = RunLog(tmp_path, use_tensorboard=False, use_wandb=True, wandb_run_name="r1",
-                 wandb_config={"lr": 1e-6})  # fmt: skip
+                 wandb_config={"lr": 1e-6})
     log.metrics(3, {**LEARNING, "train/loss": 0.5})
     log.eval(3, EVAL["sets"])
     log.close()
     log.close()
 
     assert calls[0] == ("init", {"project": "agentrl", "name": "r1", "mode": "offline",
-                                 "dir": str(tmp_path), "config": {"lr": 1e-6}})  # fmt: skip
+                                 "dir": str(tmp_path), "config": {"lr": 1e-6}})
     logged = [record for kind, record in calls if kind == "log"]
     assert logged[0]["train/loss"] == 0.5 and logged[0]["rollout_id"] == 3
     assert logged[1]["eval/calc/pass@1"] == 0.5 and logged[1]["rollout_id"] == 3
@@ -178,7 +178,7 @@ def test_wandb_offline_run_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 def test_scalars_flattens_and_filters() -> None:
     assert scalars({"a": 1, "b": True, "c": "x", "d": None, "e": [1], "f": {"g": 2.5}},
-                   prefix="p/") == {"p/a": 1.0, "p/b": 1.0, "p/f/g": 2.5}  # fmt: skip
+                   prefix="p/") == {"p/a": 1.0, "p/b": 1.0, "p/f/g": 2.5}
 
 
 def test_stage_times_go_into_the_next_metrics_line(tmp_path: Path) -> None:

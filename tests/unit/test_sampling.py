@@ -43,7 +43,7 @@ def test_logprob_is_log_softmax_of_tempered_logits_before_truncation():
     logits = LOGP[None, :]
     tokens, logprobs = sample_tokens(logits, temperature=torch.tensor([2.0]), greedy=torch.tensor([False]),
                                      top_k=torch.tensor([1]), top_p=torch.tensor([1.0]),
-                                     uniforms=torch.tensor([0.3]))  # fmt: skip
+                                     uniforms=torch.tensor([0.3]))
     # T = 2: probabilities proportional to sqrt(p) = .7071, .5477, .4472 (sum 1.7020)
     assert int(tokens[0]) == 0
     assert float(logprobs[0]) == pytest.approx(math.log(0.70711 / 1.70200), abs=1e-4)
@@ -53,7 +53,7 @@ def test_greedy_rows_take_the_argmax_and_ignore_their_uniform():
     logits = torch.stack([LOGP, LOGP])
     tokens, logprobs = sample_tokens(logits, temperature=torch.tensor([1.0, 1.0]),
                                      greedy=torch.tensor([True, False]), top_k=torch.tensor([-1, -1]),
-                                     top_p=torch.tensor([1.0, 1.0]), uniforms=torch.tensor([0.9, 0.9]))  # fmt: skip
+                                     top_p=torch.tensor([1.0, 1.0]), uniforms=torch.tensor([0.9, 0.9]))
     assert tokens.tolist() == [0, 2]
     assert logprobs.tolist() == pytest.approx([math.log(0.5), math.log(0.2)], abs=1e-6)
 
@@ -64,7 +64,7 @@ def test_a_row_draws_the_same_token_whatever_else_is_in_the_batch():
     params = {"temperature": torch.tensor([0.7, 1.0, 1.3, 1.0, 0.5]),
               "greedy": torch.tensor([False, True, False, False, False]),
               "top_k": torch.tensor([-1, -1, 10, 5, -1]), "top_p": torch.tensor([0.9, 1.0, 1.0, 0.8, 1.0]),
-              "uniforms": torch.rand(5)}  # fmt: skip
+              "uniforms": torch.rand(5)}
     together = sample_tokens(logits, **params)
     for row in range(5):
         alone = sample_tokens(logits[row : row + 1], **{k: v[row : row + 1] for k, v in params.items()})

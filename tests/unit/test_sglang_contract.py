@@ -28,7 +28,7 @@ def api():
 
 
 FULL = SamplingParams(max_new_tokens=64, temperature=0.7, top_p=0.9, top_k=20, stop=("</tool_call>",),
-                      stop_token_ids=(151645,), ignore_eos=False, sampling_seed=2**62 + 5)  # fmt: skip
+                      stop_token_ids=(151645,), ignore_eos=False, sampling_seed=2**62 + 5)
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), FULL, SamplingParams(temperature=0.0)])
@@ -57,7 +57,7 @@ def test_the_contract_is_strict_so_the_check_has_teeth(api):
     ({"type": "stop", "matched": "</tool_call>"}, "stop"),
     ({"type": "length", "length": 3}, "length"),
     ({"type": "abort", "message": "aborted by abort_request", "status_code": 200}, "abort"),
-])  # fmt: skip
+])
 def test_contract_shaped_responses_parse(api, finish, status):
     response = api.GenerateResponse(
         text="hi", output_ids=[11, 12, 13],
@@ -66,7 +66,7 @@ def test_contract_shaped_responses_parse(api, finish, status):
             finish_reason=api.decode_FinishReason(finish), weight_version="12", e2e_latency=0.5,
             output_token_logprobs=[api.LogprobEntry(logprob=-0.5 * i, token_id=t, text=None)
                                    for i, t in enumerate([11, 12, 13])]),
-    ).to_json_value()  # fmt: skip
+    ).to_json_value()
     out = GenerateOutput.from_sglang(response)
     assert out.output_ids == [11, 12, 13] and out.output_logprobs == [0.0, -0.5, -1.0]
     assert out.finish_reason == status and out.weight_version == "12"

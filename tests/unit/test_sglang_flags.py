@@ -18,7 +18,7 @@ def _fresh_cwd(tmp_path, monkeypatch):
 
 def test_collect_sglang_args_forms():
     found, rest = collect_sglang_args(["--sglang-mem-fraction-static", "0.8", "--sglang-log-level=INFO",
-                                       "--sglang-enable-torch-compile", "--other", "x"])  # fmt: skip
+                                       "--sglang-enable-torch-compile", "--other", "x"])
     assert found == {"mem-fraction-static": "0.8", "log-level": "INFO", "enable-torch-compile": None}
     assert rest == ["--other", "x"]
 
@@ -49,7 +49,7 @@ def test_server_and_router_command_lines():
     from agentrl.orchestration.sglang_servers import router_command, server_command
 
     command = server_command("sglang", "/models/q", port=30001, tp_size=2, seed=7,
-                             sglang_args={"mem-fraction-static": "0.8", "enable-memory-saver": None})  # fmt: skip
+                             sglang_args={"mem-fraction-static": "0.8", "enable-memory-saver": None})
     assert command[1:3] == ["-m", "sglang.launch_server"]
     text = " ".join(command)
     assert "--model-path /models/q --host 127.0.0.1 --port 30001 --tp-size 2" in text
@@ -71,7 +71,7 @@ def test_server_and_router_command_lines():
     (["--rollout-engine-urls", "http://a:1"], "add --rollout-backend sglang"),
     (["--rollout-backend", "sglang", "--rollout-router-url", "http://r:1", "--rollout-num-gpus", "1"],
      "--rollout-router-url needs --rollout-engine-urls"),
-])  # fmt: skip
+])
 def test_backend_and_placement_flags_that_do_not_fit(capsys, flags, message):
     with pytest.raises(SystemExit):
         parse_args(["--env", "calc", *flags])
@@ -80,7 +80,7 @@ def test_backend_and_placement_flags_that_do_not_fit(capsys, flags, message):
 
 def test_sglang_backend_passes_every_sglang_flag():
     args = parse_args(["--env", "calc", "--rollout-backend", "sglang", "--rollout-num-gpus", "4",
-                       "--rollout-num-gpus-per-engine", "2", "--sglang-mem-fraction-static", "0.8"])  # fmt: skip
+                       "--rollout-num-gpus-per-engine", "2", "--sglang-mem-fraction-static", "0.8"])
     assert args.rollout.sglang_args == {"mem-fraction-static": "0.8"} and args.cluster.num_engines == 2
 
 

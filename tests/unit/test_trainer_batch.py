@@ -19,7 +19,7 @@ def sample(group, prompt, response, mask, reward=1.0):
             start = i
     return Sample(group_id=group, tokens=prompt + response, response_length=len(response),
                   loss_mask=mask, rollout_log_probs=logprobs, reward=reward,
-                  status=Status.COMPLETED, turns=turns)  # fmt: skip
+                  status=Status.COMPLETED, turns=turns)
 
 
 def test_shifted_layout_by_hand():
@@ -83,7 +83,7 @@ def test_a_failed_sample_without_tokens_is_one_padding_token_without_loss():
     ({"use_kl_loss": True}, "--kl-loss-coef > 0"),
     ({"kl_coef": 0.1}, "use --use-kl-loss"),
     ({"use_dynamic_batch_size": True}, "--max-tokens-per-gpu"),
-])  # fmt: skip
+])
 def test_trainer_flags_are_validated(changes, match):
     with pytest.raises(ConfigError, match=match):
         TrainerConfig(**changes).validate()

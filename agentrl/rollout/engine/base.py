@@ -233,7 +233,7 @@ class Engine(abc.ABC):
     async def update_weights(
         self, *, state_dict: Mapping[str, Any] | None = None, path: str | None = None,
         version: str,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Replaces the weights in place, between decode steps, and sets the weight version.
 
         Exactly one of ``state_dict`` (Hugging Face parameter names -> tensors) and ``path`` (a

@@ -37,6 +37,7 @@ from typing import Any, Literal
 import torch
 
 from agentrl.errors import EngineError
+from agentrl.models.hf_config import load_tokenizer
 from agentrl.rollout.engine.base import Engine, FinishReason, GenerateOutput, SamplingParams
 from agentrl.rollout.engine.model import DecoderModel, read_checkpoint
 from agentrl.rollout.engine.sampling import sample_tokens
@@ -91,7 +92,7 @@ def _deliver(future: asyncio.Future[Any], value: Any, error: BaseException | Non
 
 
 def _post(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], value: Any,
-          error: BaseException | None = None) -> None:  # fmt: skip
+          error: BaseException | None = None) -> None:
     try:
         loop.call_soon_threadsafe(_deliver, future, value, error)
     except RuntimeError:
@@ -155,7 +156,7 @@ class EmbeddedEngine(Engine):
         self._paused = False
         self._stopping = False
         self._stats = {"requests_served": 0, "tokens_generated": 0, "decode_steps": 0,
-                       "decode_rows": 0, "prefill_calls": 0}  # fmt: skip
+                       "decode_rows": 0, "prefill_calls": 0}
         self._thread = threading.Thread(target=self._run, name="agentrl-engine", daemon=True)
         self._thread.start()
 
@@ -183,7 +184,7 @@ class EmbeddedEngine(Engine):
             model, tokenizer=load_tokenizer(root), max_batch_size=max_batch_size,
             max_context_len=max_context_len, seed=seed, weight_version=weight_version,
             eos_token_ids=sorted(eos),
-        )  # fmt: skip
+        )
 
     # --- Engine API (caller side) -------------------------------------------------------
 
@@ -218,7 +219,7 @@ class EmbeddedEngine(Engine):
             sampling=sampling, max_new=max_new, stop_ids=frozenset(stop_ids), loop=loop,
             future=loop.create_future(), submitted=time.perf_counter(), generator=generator,
             temperature=1.0 if sampling.greedy else float(sampling.temperature),
-        )  # fmt: skip
+        )
         with self._cond:
             self._check_open()
             self._incoming.append(request)
@@ -235,7 +236,7 @@ class EmbeddedEngine(Engine):
     async def update_weights(
         self, *, state_dict: Mapping[str, Any] | None = None, path: str | None = None,
         version: str,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """See :meth:`Engine.update_weights`. A directory is read off the scheduler thread, so
         decoding continues while it loads; the copy itself happens between two steps."""
         if (state_dict is None) == (path is None):
@@ -276,7 +277,7 @@ class EmbeddedEngine(Engine):
     async def health(self) -> bool:
         """True while the scheduler runs, the engine is open and not paused."""
         return (not self._closed and self._error is None and self._thread.is_alive()
-                and not self._paused)  # fmt: skip
+                and not self._paused)
 
     @property
     def alive(self) -> bool:
@@ -296,7 +297,7 @@ class EmbeddedEngine(Engine):
         def apply() -> None:
             if self._active or self._waiting:
                 raise EngineError(f"release_memory needs an idle engine: {len(self._active)} "
-                                  f"requests decoding, {len(self._waiting)} waiting")  # fmt: skip
+                                  f"requests decoding, {len(self._waiting)} waiting")
             self._cache.release()
 
         await self._call(apply)
@@ -343,7 +344,7 @@ class EmbeddedEngine(Engine):
             raise EngineError("input_ids is empty")
         if len(ids) > self.max_context_len:
             raise EngineError(f"input is {len(ids)} tokens; the context limit is "
-                              f"{self.max_context_len}")  # fmt: skip
+                              f"{self.max_context_len}")
         vocab = self._model.config.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise EngineError(f"input_ids hold ids outside the vocabulary [0, {vocab})")
@@ -525,7 +526,7 @@ class EmbeddedEngine(Engine):
         return None
 
     def _finish(self, request: _Request, reason: FinishReason, matched: Any = None,
-                message: str | None = None) -> None:  # fmt: skip
+                message: str | None = None) -> None:
         if request.done:
             return
         request.done = True
@@ -535,7 +536,7 @@ class EmbeddedEngine(Engine):
             finish_reason=reason, weight_version=self._version,
             prompt_tokens=len(request.input_ids), matched=matched,
             latency_s=time.perf_counter() - request.submitted, message=message,
-        )  # fmt: skip
+        )
         _post(request.loop, request.future, output)
 
     def _compact(self) -> None:
@@ -580,16 +581,6 @@ class EmbeddedEngine(Engine):
         return values
 
 
-def load_tokenizer(root: str | Path) -> Any | None:
-    """The directory's Hugging Face tokenizer, or None when it has none."""
-    root = Path(root)
-    if not ((root / "tokenizer.json").is_file() or (root / "tokenizer_config.json").is_file()):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(root))
-
-
 def _text_decoder(tokenizer: Any | None) -> Callable[[list[int]], str] | None:
     """A fast ids -> text function keeping special tokens (the Rust decoder when there is one)."""
     if tokenizer is None:
@@ -598,4 +589,4 @@ def _text_decoder(tokenizer: Any | None) -> Callable[[list[int]], str] | None:
     if backend is not None:
         return lambda ids: backend.decode(ids, skip_special_tokens=False)
     return lambda ids: tokenizer.decode(ids, skip_special_tokens=False,
-                                        clean_up_tokenization_spaces=False)  # fmt: skip
+                                        clean_up_tokenization_spaces=False)

@@ -153,7 +153,7 @@ class KVCache:
     def __init__(
         self, config: DecoderConfig, num_slots: int, max_len: int, *, device: torch.device,
         dtype: torch.dtype, initial_len: int = 512,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.num_slots = num_slots
         self.max_len = max_len
         self._shape = (config.num_layers, num_slots, config.num_kv_heads, config.head_dim)
@@ -273,7 +273,7 @@ class DecoderModel:
     def from_state_dict(
         cls, config: DecoderConfig | Mapping[str, Any], state_dict: Mapping[str, torch.Tensor],
         *, device: str | torch.device | None = None,
-    ) -> DecoderModel:  # fmt: skip
+    ) -> DecoderModel:
         """Builds a model from a config (ours or a Hugging Face one) and a complete state dict.
 
         Raises:
@@ -300,18 +300,18 @@ class DecoderModel:
         prefix = f"model.layers.{index}."
         q_rows, kv_rows = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         w_qkv = self._fused(prefix + "self_attn", "weight", (q_rows, kv_rows, kv_rows),
-                            ("q_proj", "k_proj", "v_proj"), c.hidden_size)  # fmt: skip
+                            ("q_proj", "k_proj", "v_proj"), c.hidden_size)
         b_qkv = None
         if c.qkv_bias:
             b_qkv = self._fused(prefix + "self_attn", "bias", (q_rows, kv_rows, kv_rows),
-                                ("q_proj", "k_proj", "v_proj"), None)  # fmt: skip
+                                ("q_proj", "k_proj", "v_proj"), None)
         inter = c.intermediate_size
         w_gate_up = self._fused(prefix + "mlp", "weight", (inter, inter), ("gate_proj", "up_proj"),
-                                c.hidden_size)  # fmt: skip
+                                c.hidden_size)
         b_gate_up = None
         if c.mlp_bias:
             b_gate_up = self._fused(prefix + "mlp", "bias", (inter, inter),
-                                    ("gate_proj", "up_proj"), None)  # fmt: skip
+                                    ("gate_proj", "up_proj"), None)
         return _Layer(
             ln1=self._alloc(prefix + "input_layernorm.weight", (c.hidden_size,)),
             w_qkv=w_qkv,
@@ -392,7 +392,7 @@ class DecoderModel:
                 unknown.append(name)
             elif tuple(tensor.shape) != tuple(target.shape):
                 mismatched.append(f"{name}: got {tuple(tensor.shape)}, "
-                                  f"expected {tuple(target.shape)}")  # fmt: skip
+                                  f"expected {tuple(target.shape)}")
             else:
                 targets.append((target, tensor))
         if unknown or mismatched:
@@ -419,7 +419,7 @@ class DecoderModel:
         for ``initial_len`` of them at first; it grows on demand)."""
         self._ensure_rope(max_len)
         return KVCache(self.config, num_slots, max_len, device=self.device, dtype=self.dtype,
-                       initial_len=initial_len)  # fmt: skip
+                       initial_len=initial_len)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Full causal forward without a cache: ``[batch, seq]`` ids -> float32 logits
@@ -437,7 +437,7 @@ class DecoderModel:
             return self._logits(hidden.reshape(batch * seq, -1)).view(batch, seq, -1)
 
     def prefill(self, cache: KVCache, sequences: Sequence[Sequence[int]],
-                slots: Sequence[int]) -> torch.Tensor:  # fmt: skip
+                slots: Sequence[int]) -> torch.Tensor:
         """Runs new sequences from position 0 and stores their keys/values in ``slots``.
 
         Sequences of different lengths are right-padded into one batch; the causal mask keeps
@@ -471,7 +471,7 @@ class DecoderModel:
     def decode(
         self, cache: KVCache, tokens: torch.Tensor, positions: Sequence[int],
         slots: Sequence[int] | None = None,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         """Advances each slot by one token.
 
         Args:
@@ -501,14 +501,14 @@ class DecoderModel:
             rope_mask, gathered = (cos, sin, mask), slots is not None
             for index, layer in enumerate(self._layers):
                 hidden = self._decode_layer(layer, hidden, cache.k[index], cache.v[index],
-                                            slot_index, pos, span, rope_mask, gathered)  # fmt: skip
+                                            slot_index, pos, span, rope_mask, gathered)
             return self._logits(hidden)
 
     def _decode_layer(
         self, layer: _Layer, hidden: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor,
         slot_index: torch.Tensor, pos: torch.Tensor, span: int,
         rope_mask: tuple[torch.Tensor, torch.Tensor, torch.Tensor], gathered: bool,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         """One layer for one token per row, on 2-D ``[n, hidden]`` activations.
 
         Written apart from :meth:`_trunk` because at decode time the count of torch calls, not
@@ -532,7 +532,7 @@ class DecoderModel:
         attn = F.scaled_dot_product_attention(
             qk[:, :heads, None], k_ctx.transpose(1, 2), v_ctx.transpose(1, 2), attn_mask=mask,
             enable_gqa=True,
-        )  # fmt: skip
+        )
         hidden = _project(attn.reshape(count, -1), layer.w_o_t, layer.b_o, residual=hidden)
         normed = self._rms_norm(hidden, layer.ln2)
         gate_up = _project(normed, layer.w_gate_up_t, layer.b_gate_up)
@@ -555,7 +555,7 @@ class DecoderModel:
     def _trunk(
         self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         """The decoder layers on ``[batch, seq, hidden]``; ``attend(layer, q, k, v)`` takes
         ``[batch, seq, heads, dim]`` tensors and returns the attention output in that layout."""
         c = self.config
@@ -580,7 +580,7 @@ class DecoderModel:
 
 
 def _project(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None,
-             residual: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+             residual: torch.Tensor | None = None) -> torch.Tensor:
     """``residual + x @ weight_t + bias`` on 2-D tensors in as few torch calls as possible."""
     if residual is None:
         return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)

@@ -118,7 +118,7 @@ class SGLangEngine(Engine):
         max_context_len: int | None = None, concurrency: int = 64, max_retries: int = 5,
         timeout_s: float = 3600.0, weight_version: str = "0", tp_size: int = 1,
         bucket_bytes: int = 512 * 2**20,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if not worker_urls:
             raise EngineError("SGLangEngine needs at least one worker URL")
         self.workers = [u.rstrip("/") for u in worker_urls]
@@ -149,7 +149,7 @@ class SGLangEngine(Engine):
 
     @classmethod
     async def connect(cls, worker_urls: Sequence[str], *, wait_s: float = 600.0,
-                      alive: Callable[[], bool] | None = None, **kwargs: Any) -> SGLangEngine:  # fmt: skip
+                      alive: Callable[[], bool] | None = None, **kwargs: Any) -> SGLangEngine:
         """Waits (up to ``wait_s``) until every worker answers ``/health_generate``, reads the
         context length from ``/server_info`` and returns the engine.
 
@@ -173,7 +173,7 @@ class SGLangEngine(Engine):
                 if time.monotonic() > deadline:
                     await engine.close()
                     raise EngineError(f"SGLang server {url} did not answer /health_generate "
-                                      f"within {wait_s:.0f} s")  # fmt: skip
+                                      f"within {wait_s:.0f} s")
                 await asyncio.sleep(0.5)
         if engine.max_context_len is None:
             info = await engine._request("GET", f"{engine.workers[0]}/server_info")
@@ -203,7 +203,7 @@ class SGLangEngine(Engine):
                 try:
                     # without a router, an unreachable worker is left at once for a live one
                     answer = await self._request("POST", f"{worker}/generate", body,
-                                                 retry_unreachable=not failover)  # fmt: skip
+                                                 retry_unreachable=not failover)
                     break
                 except WorkerUnreachable:
                     if not failover:
@@ -220,7 +220,7 @@ class SGLangEngine(Engine):
     async def update_weights(
         self, *, state_dict: Mapping[str, Any] | None = None, path: str | None = None,
         version: str,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """See :meth:`Engine.update_weights`: pause in place, load, flush the prefix cache,
         continue. ``path`` is a Hugging Face directory every server can read (``/update_weights
         _from_disk``); ``state_dict`` goes to ``/update_weights_from_tensor`` in buckets of at most
@@ -235,7 +235,7 @@ class SGLangEngine(Engine):
             if path is not None:
                 answers = await self._each("POST", "/update_weights_from_disk", {
                     "model_path": path, "weight_version": str(version), "flush_cache": True,
-                    "abort_all_requests": False})  # fmt: skip
+                    "abort_all_requests": False})
             else:
                 assert state_dict is not None
                 answers = []
@@ -245,7 +245,7 @@ class SGLangEngine(Engine):
                     answers += await self._each("POST", "/update_weights_from_tensor", {
                         "serialized_named_tensors": [serialize_named_tensors(bucket)] * self.tp_size,
                         "load_format": None, "flush_cache": last,
-                        "weight_version": str(version) if last else None})  # fmt: skip
+                        "weight_version": str(version) if last else None})
         failed = [a for a in answers if isinstance(a, dict) and not a.get("success", True)]
         if failed:
             source = f"from disk {path!r}" if path is not None else "from tensors"
@@ -254,7 +254,7 @@ class SGLangEngine(Engine):
         self.last_weights_path = path
 
     async def init_weight_group(self, master_address: str, master_port: int, group_name: str,
-                                backend: str = "nccl") -> int:  # fmt: skip
+                                backend: str = "nccl") -> int:
         """Every server's TP ranks join the trainer's weight-broadcast group (the trainer, rank
         0, joins concurrently; see :class:`~agentrl.rollout.engine.weight_group.WeightGroup`).
         Returns the group's world size."""
@@ -263,11 +263,11 @@ class SGLangEngine(Engine):
         await asyncio.gather(*(self._request("POST", f"{url}/init_weights_update_group", {
             "master_address": master_address, "master_port": master_port,
             "rank_offset": 1 + i * self.tp_size, "world_size": world_size,
-            "group_name": group_name, "backend": backend}) for i, url in enumerate(live)))  # fmt: skip
+            "group_name": group_name, "backend": backend}) for i, url in enumerate(live)))
         return world_size
 
     async def update_weights_from_distributed(self, metadata: Mapping[str, list[Any]], version: str,
-                                              group_name: str) -> None:  # fmt: skip
+                                              group_name: str) -> None:
         """Receives a broadcast from the trainer (which sends concurrently, in ``metadata``'s
         name order): pause in place, receive and load, continue.
 
@@ -277,7 +277,7 @@ class SGLangEngine(Engine):
         async with self._swapping_weights():
             answers = await self._each("POST", "/update_weights_from_distributed", {
                 **metadata, "group_name": group_name, "weight_version": str(version),
-                "flush_cache": True})  # fmt: skip
+                "flush_cache": True})
         failed = [a for a in answers if isinstance(a, dict) and not a.get("success", True)]
         if failed:
             raise EngineError(f"update_weights_from_distributed failed: {failed[0].get('message')}")
@@ -411,11 +411,11 @@ class SGLangEngine(Engine):
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s),
                 connector=aiohttp.TCPConnector(limit=self._limit + 2 * len(self.workers)),
-            )  # fmt: skip
+            )
         return self._session
 
     async def _request(self, method: str, url: str, body: Any = None, *,
-                       retry_unreachable: bool = True) -> Any:  # fmt: skip
+                       retry_unreachable: bool = True) -> Any:
         """One HTTP call with retries; the decoded JSON answer (or ``None`` for an empty one).
 
         Raises:
@@ -482,5 +482,5 @@ def _load(answer: Any) -> int:
         return 0
     if "loads" in answer:
         return sum(int(x.get("num_running_reqs", 0)) + int(x.get("num_waiting_reqs", 0))
-                   for x in answer["loads"])  # fmt: skip
+                   for x in answer["loads"])
     return int(answer.get("num_running_reqs", 0)) + int(answer.get("num_waiting_reqs", 0))

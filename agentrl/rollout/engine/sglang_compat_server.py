@@ -46,12 +46,12 @@ SAMPLING_KEYS = frozenset({
     "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
     "sampling_seed", "stream_interval", "logit_bias", "custom_params", "json_schema", "regex",
     "ebnf", "structural_tag", "stop_regex",
-})  # fmt: skip
+})
 """SGLang's ``sampling_params`` keys; any other key is a 400, as in SGLang."""
 
 _NEUTRAL = {"min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
             "min_new_tokens": 0, "n": 1, "logit_bias": {}, "json_schema": None, "regex": None,
-            "ebnf": None, "structural_tag": None, "stop_regex": None, "custom_params": None}  # fmt: skip
+            "ebnf": None, "structural_tag": None, "stop_regex": None, "custom_params": None}
 """Keys the embedded engine accepts only at their neutral value (it does not implement them)."""
 
 _TOP_K_ALL = 1 << 30  # SGLang's "no top-k" default
@@ -74,7 +74,7 @@ def sampling_from_sglang(params: dict[str, Any]) -> SamplingParams:
     for key, neutral in _NEUTRAL.items():
         if key in params and params[key] is not None and params[key] != neutral:
             raise BadRequest(f"sampling_params.{key}={params[key]!r}: not supported by the "
-                             "embedded engine (only its neutral value)")  # fmt: skip
+                             "embedded engine (only its neutral value)")
     top_k = params.get("top_k", -1)
     stop = params.get("stop") or ()
     try:
@@ -87,7 +87,7 @@ def sampling_from_sglang(params: dict[str, Any]) -> SamplingParams:
             stop_token_ids=tuple(params.get("stop_token_ids") or ()),
             ignore_eos=bool(params.get("ignore_eos", False)),
             sampling_seed=params.get("sampling_seed"),
-        )  # fmt: skip
+        )
     except (TypeError, ValueError) as exc:
         raise BadRequest(f"sampling_params: {exc}") from exc
 
@@ -104,10 +104,10 @@ def output_to_sglang(out: GenerateOutput, rid: str, text: str, return_logprob: b
         "id": rid, "finish_reason": finish, "prompt_tokens": out.prompt_tokens,
         "completion_tokens": len(out.output_ids), "cached_tokens": out.cached_tokens,
         "weight_version": out.weight_version, "e2e_latency": out.latency_s,
-    }  # fmt: skip
+    }
     if return_logprob:
         meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in
-                                         zip(out.output_logprobs, out.output_ids, strict=True)]  # fmt: skip
+                                         zip(out.output_logprobs, out.output_ids, strict=True)]
     return {"text": text, "output_ids": list(out.output_ids), "meta_info": meta}
 
 
@@ -143,7 +143,7 @@ def build_app(engine: EmbeddedEngine, model_path: str) -> web.Application:
         if not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids):
             return web.json_response({"error": {"message": "input_ids: a non-empty list of token "
                                                 "ids is required (text input is not served)"}},
-                                     status=400)  # fmt: skip
+                                     status=400)
         try:
             params = sampling_from_sglang(req.get("sampling_params") or {})
         except BadRequest as exc:
@@ -212,10 +212,10 @@ def build_app(engine: EmbeddedEngine, model_path: str) -> web.Application:
         entries = req.get("serialized_named_tensors")
         if req.get("load_format") is not None:
             return web.json_response({"success": False, "message": f"load_format {req['load_format']!r} "
-                                      "is not supported (only the default)"}, status=400)  # fmt: skip
+                                      "is not supported (only the default)"}, status=400)
         if not isinstance(entries, list) or not entries or not isinstance(entries[0], str):
             return web.json_response({"success": False, "message": "serialized_named_tensors: one "
-                                      "base64 string per TP rank is required"}, status=400)  # fmt: skip
+                                      "base64 string per TP rank is required"}, status=400)
         try:
             pairs = pickle.loads(base64.b64decode(entries[0]))  # this server is TP rank 0
             tensors = {str(name): tensor for name, tensor in pairs}
@@ -236,7 +236,7 @@ def build_app(engine: EmbeddedEngine, model_path: str) -> web.Application:
             group = await asyncio.to_thread(
                 WeightGroup, str(req["master_address"]), int(req["master_port"]),
                 int(req.get("rank_offset", 1)), int(req["world_size"]), str(req["group_name"]),
-                str(req.get("backend", "gloo")))  # fmt: skip
+                str(req.get("backend", "gloo")))
         except (KeyError, ValueError, RuntimeError) as exc:
             return web.json_response({"success": False, "message": f"{type(exc).__name__}: {exc}"}, status=400)
         state.groups[str(req["group_name"])] = group
@@ -248,7 +248,7 @@ def build_app(engine: EmbeddedEngine, model_path: str) -> web.Application:
         group = state.groups.get(str(req.get("group_name")))
         if group is None:
             return web.json_response({"success": False, "message": f"no weight update group "
-                                      f"{req.get('group_name')!r}: call init_weights_update_group"}, status=400)  # fmt: skip
+                                      f"{req.get('group_name')!r}: call init_weights_update_group"}, status=400)
         names = list(req.get("names") or [])
         try:
             tensors = await asyncio.to_thread(group.receive, req["dtypes"], req["shapes"])
@@ -287,7 +287,7 @@ def build_app(engine: EmbeddedEngine, model_path: str) -> web.Application:
             return web.Response(status=503)
         try:
             await asyncio.wait_for(state.engine.generate([0], SamplingParams(max_new_tokens=1, temperature=0.0),
-                                                         f"health-{state.rids}"), 20)  # fmt: skip
+                                                         f"health-{state.rids}"), 20)
         except (EngineError, TimeoutError):
             return web.Response(status=503)
         return web.Response(status=200)
@@ -299,7 +299,7 @@ def build_app(engine: EmbeddedEngine, model_path: str) -> web.Application:
             "model_path": state.model_path, "tokenizer_path": state.model_path,
             "is_generation": True, "weight_version": state.engine.weight_version,
             "model_type": state.engine.model.config.model_type,
-        })  # fmt: skip
+        })
 
     @routes.get("/server_info")
     @routes.get("/get_server_info")
@@ -308,7 +308,7 @@ def build_app(engine: EmbeddedEngine, model_path: str) -> web.Application:
             "model_path": state.model_path, "context_length": state.engine.max_context_len,
             "max_running_requests": state.engine.max_batch_size, "tp_size": 1, "dp_size": 1,
             "version": "agentrl-embedded", "weight_version": state.engine.weight_version,
-        })  # fmt: skip
+        })
 
     @routes.get("/get_load")
     @routes.get("/v1/loads")
@@ -318,7 +318,7 @@ def build_app(engine: EmbeddedEngine, model_path: str) -> web.Application:
         return web.json_response({"num_reqs": running + waiting, "num_running_reqs": running,
                                   "num_waiting_reqs": waiting,
                                   "loads": [{"dp_rank": 0, "num_running_reqs": running,
-                                             "num_waiting_reqs": waiting}]})  # fmt: skip
+                                             "num_waiting_reqs": waiting}]})
 
     app.add_routes(routes)
     return app
@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> None:
         engine = EmbeddedEngine.from_pretrained(
             args.model_path, max_batch_size=args.max_running_requests,
             max_context_len=args.context_length, seed=args.random_seed,
-            weight_version=args.weight_version)  # fmt: skip
+            weight_version=args.weight_version)
         runner = web.AppRunner(build_app(engine, args.model_path), access_log=None)
         await runner.setup()
         await web.TCPSite(runner, args.host, args.port).start()

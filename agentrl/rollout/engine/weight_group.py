@@ -19,7 +19,7 @@ import torch
 __all__ = ["DTYPES", "WeightGroup"]
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "float64": torch.float64}  # fmt: skip
+          "float64": torch.float64}
 """Names of dtypes on the wire (SGLang's ``dtypes`` field), both ways."""
 
 
@@ -37,13 +37,13 @@ class WeightGroup:
     """
 
     def __init__(self, master_address: str, master_port: int, rank: int, world_size: int,
-                 group_name: str, backend: str = "gloo", timeout_s: float = 600.0) -> None:  # fmt: skip
+                 group_name: str, backend: str = "gloo", timeout_s: float = 600.0) -> None:
         if backend not in ("nccl", "gloo"):
             raise ValueError(f"backend must be nccl or gloo, got {backend!r}")
         timeout = datetime.timedelta(seconds=timeout_s)
         self.rank, self.world_size, self.backend = rank, world_size, backend
         self._store = torch.distributed.TCPStore(master_address, master_port, world_size,
-                                                 is_master=rank == 0, timeout=timeout)  # fmt: skip
+                                                 is_master=rank == 0, timeout=timeout)
         store = torch.distributed.PrefixStore(group_name, self._store)
         if backend == "gloo":
             self._group = torch.distributed.ProcessGroupGloo(store, rank, world_size, timeout)
@@ -70,4 +70,4 @@ class WeightGroup:
         """``names`` / ``dtypes`` / ``shapes`` of ``update_weights_from_distributed``."""
         names = {v: k for k, v in DTYPES.items()}
         return {"names": list(state_dict), "dtypes": [names[t.dtype] for t in state_dict.values()],
-                "shapes": [list(t.shape) for t in state_dict.values()]}  # fmt: skip
+                "shapes": [list(t.shape) for t in state_dict.values()]}
