@@ -57,7 +57,7 @@ class CalcEnv(ToolEnv):
         self.system_prompt = (
             COMPACT_SYSTEM_PROMPT.format(example=self.format.render("", [_EXAMPLE_CALL]))
             if compact else SYSTEM_PROMPT
-        )  # fmt: skip
+        )
 
     def sample_task(self) -> dict[str, Any]:
         return sample_task(self.np_random, self.split)
