@@ -6,23 +6,10 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
 
+from agentrl.config import parse_pairs
 from agentrl.env import check_env, env_spec, import_env_module, list_envs
 from agentrl.errors import AgentRLError
-
-
-def _parse_kwargs(pairs: Sequence[str]) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"agentrl: --env-kwarg expects KEY=VALUE, got {pair!r}")
-        try:
-            kwargs[key] = json.loads(value)
-        except ValueError:
-            kwargs[key] = value
-    return kwargs
 
 
 def _cmd_list_envs(args: argparse.Namespace) -> int:
@@ -48,7 +35,7 @@ def _cmd_list_envs(args: argparse.Namespace) -> int:
 
 def _cmd_check_env(args: argparse.Namespace) -> int:
     spec = env_spec(args.id)
-    env = spec.make(**_parse_kwargs(args.env_kwarg))
+    env = spec.make(**parse_pairs(args.env_kwarg, "--env-kwarg"))
     check_env(env, seed=args.seed)
     print(f"{spec.id}: all checks passed ({len(env.toolbox)} tools, max_turns={env.max_turns})")
     return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -16,7 +17,7 @@ from typing import Any, TypeVar
 
 from agentrl.errors import ConfigError
 
-__all__ = ["add_arguments", "flag", "from_namespace", "option"]
+__all__ = ["add_arguments", "flag", "from_namespace", "option", "parse_pairs"]
 
 C = TypeVar("C")
 
@@ -83,3 +84,22 @@ def from_namespace(cls: type[C], namespace: argparse.Namespace | Any, **override
     if validate is not None:
         validate()
     return config
+
+
+def parse_pairs(pairs: Sequence[str], flag_name: str) -> dict[str, Any]:
+    """``KEY=VALUE`` command-line pairs as a dict; a VALUE that parses as JSON is read as JSON
+    (``compact=true`` -> ``True``), anything else stays a string.
+
+    Raises:
+        ConfigError: A pair without ``=`` or whose key is not an identifier; names ``flag_name``.
+    """
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise ConfigError(f"{flag_name} expects KEY=VALUE, got {pair!r}")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out

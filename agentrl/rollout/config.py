@@ -4,10 +4,9 @@ says what the RL flags do)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
-from agentrl.config import flag, option
+from agentrl.config import flag, option, parse_pairs
 from agentrl.errors import ConfigError
 
 __all__ = ["RolloutConfig"]
@@ -185,10 +184,7 @@ class RolloutConfig:
             value = self.sglang_args["context-length"]
             if value is None or not value.isdigit() or int(value) < 1:
                 raise ConfigError(f"--sglang-context-length must be a positive integer, got {value!r}")
-        for pair in self.env_kwarg:
-            key, sep, _ = pair.partition("=")
-            if not sep or not key.isidentifier():
-                raise ConfigError(f"--env-kwarg expects KEY=VALUE, got {pair!r}")
+        parse_pairs(self.env_kwarg, "--env-kwarg")
         names = [name for name, _ in self.eval_prompt_data]
         duplicate = {n for n in names if names.count(n) > 1}
         if duplicate:
@@ -203,11 +199,4 @@ class RolloutConfig:
     @property
     def env_kwargs(self) -> dict[str, Any]:
         """``--env-kwarg`` pairs as the env's constructor keyword arguments."""
-        kwargs: dict[str, Any] = {}
-        for pair in self.env_kwarg:
-            key, _, value = pair.partition("=")
-            try:
-                kwargs[key] = json.loads(value)
-            except ValueError:
-                kwargs[key] = value
-        return kwargs
+        return parse_pairs(self.env_kwarg, "--env-kwarg")

@@ -20,7 +20,7 @@ from agentrl.orchestration.checkpoints import checkpoint_folder, latest_checkpoi
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.engine import EmbeddedEngine, SamplingParams
 from agentrl.rollout.episode import Episode, RolloutContext
-from agentrl.rollout.sample import Sample
+from agentrl.rollout.sample import Sample, Status
 from agentrl.trainer.actor import MegatronActor
 from agentrl.trainer.config import TrainerConfig
 from tests.support.distributed import free_port, spawn
@@ -119,6 +119,19 @@ def test_micro_batching_does_not_change_the_step(samples):
     for key in ("loss", "pg_loss", "grad_norm"):
         assert split[key] == pytest.approx(whole[key], abs=1e-6, rel=1e-5), key
         assert dynamic[key] == pytest.approx(whole[key], abs=1e-6, rel=1e-5), key
+
+
+def test_a_sample_that_failed_before_its_prompt_trains_as_nothing(samples):
+    """Regression: an episode that failed in reset has no tokens; alone in a micro-batch it made
+    the Megatron step reshape an empty tensor (the whole run crashed)."""
+    import dataclasses
+
+    failed = Sample(group_id=samples[0].group_id, index=samples[0].index, reward=0.0,
+                    status=Status.FAILED, metadata={"error": "KeyError: 'question'"})
+    batch = [failed, *samples[1:]]
+    for flags in ({"micro_batch_size": 1}, {"use_dynamic_batch_size": True, "max_tokens_per_gpu": 400}):
+        metrics = actor(**flags).train([dataclasses.replace(s) for s in batch])
+        assert torch.isfinite(torch.tensor(metrics["loss"])) and metrics["grad_norm"] > 0
 
 
 def test_checkpoint_resumes_model_optimizer_and_step(samples, tmp_path):
