@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import logging
 import os
 import socket
 import threading
@@ -156,6 +157,17 @@ class _TrainerRank:
         return result if self.rank == 0 else None
 
 
+class _DropMessage(logging.Filter):
+    """Drops log records whose message starts with ``prefix``."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefix)
+
+
 class TrainerGroup:
     """The trainer's ranks as Ray actors in one placement group.
 
@@ -181,6 +193,7 @@ class TrainerGroup:
         self._setup: list[Any] | None = None
         self._placed: concurrent.futures.Future[None] | None = None
         self._stop = threading.Event()
+        self._owns_ray = start_ray_here
         if not start_ray_here:
             self._place(trainer_config, actor_kwargs)
             return
@@ -190,6 +203,8 @@ class TrainerGroup:
 
     def _own_ray(self, placed: concurrent.futures.Future[None], trainer_config: TrainerConfig,
                  actor_kwargs: dict[str, Any]) -> None:
+        quiet = _DropMessage("SIGTERM handler is not set")
+        logging.getLogger("ray._private.worker").addFilter(quiet)  # started here on purpose
         try:
             start_ray(self.cluster)
             self._place(trainer_config, actor_kwargs)
@@ -310,4 +325,6 @@ class TrainerGroup:
             ray.kill(rank)
         self.ranks = []
         remove_placement_group(self.placement)
+        if self._owns_ray:  # before its thread ends, which takes Ray's processes with it
+            ray.shutdown()
         self._stop.set()
