@@ -34,7 +34,7 @@ from agentrl.errors import PluginError, ToolCallParseError
 from agentrl.plugins import load_plugin
 from agentrl.rollout.engine.base import SamplingParams
 from agentrl.rollout.episode import EngineTurns, Episode, RolloutContext
-from agentrl.rollout.rewards import apply_custom_rewards, maybe_await
+from agentrl.rollout.rewards import maybe_await
 from agentrl.rollout.sample import Sample, Status
 from agentrl.tools.calls import ToolCall
 
@@ -248,7 +248,8 @@ async def _reward(call: _Call, sample: Sample) -> float:
     state = _only_state(call, sample)
     _finalize(state)
     if sample.metadata.get("custom_rm_path") or call.ctx.config.custom_rm_path:
-        await apply_custom_rewards([sample], call.ctx.config)
+        assert call.ctx.rewards is not None
+        await call.ctx.rewards.apply([sample])
         return sample.reward if sample.reward is not None else 0.0
     env = state.episode.env
     if env is None or env.state is None:
@@ -351,7 +352,8 @@ async def run_custom_generate(
         if state.sample.status is not Status.FAILED:
             _finalize(state)
     unscored = [s for s in result if s.reward is None and s.status is not Status.FAILED]
-    await apply_custom_rewards(unscored, ctx.config)
+    assert ctx.rewards is not None
+    await ctx.rewards.apply(unscored)
     for sample in result:
         if sample.reward is None:
             sample.reward = 0.0

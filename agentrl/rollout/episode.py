@@ -44,6 +44,7 @@ from agentrl.env import ToolEnv
 from agentrl.env.factory import EnvFactory
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.engine.base import Engine, SamplingParams
+from agentrl.rollout.rewards import RewardModels
 from agentrl.rollout.sample import Sample, Status, Turn
 from agentrl.rollout.trajectory import Trajectory
 
@@ -204,6 +205,7 @@ class RolloutContext:
         max_context_len: Prompt + response tokens allowed per sample.
         envs: Makes the run's envs; ``None`` for single-turn prompts without an env.
         turns: Where assistant turns come from (default: the engine's sampled turns).
+        rewards: The run's reward plug-ins (``--custom-rm-path``, per-row ones), loaded once.
         stopping: Set when the rollout has enough groups: episodes stop before their next
             turn (as aborted); in-flight engine requests are aborted by the rollout.
     """
@@ -215,9 +217,12 @@ class RolloutContext:
     max_context_len: int
     envs: EnvFactory | None = None
     turns: TurnSource | None = None
+    rewards: RewardModels | None = None
     stopping: threading.Event = dataclasses.field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
+        if self.rewards is None:
+            self.rewards = RewardModels(self.config)
         if self.turns is None:
             if self.engine is None:
                 raise ValueError("a rollout context needs an engine or a turn source")

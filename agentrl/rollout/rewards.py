@@ -26,7 +26,7 @@ from agentrl.errors import PluginError, RewardError
 from agentrl.plugins import load_plugin
 from agentrl.rollout.sample import Sample, Status
 
-__all__ = ["RewardModel", "apply_custom_rewards", "load_reward_model", "maybe_await"]
+__all__ = ["RewardModel", "RewardModels", "load_reward_model", "maybe_await"]
 
 _FLAG = "--custom-rm-path"
 
@@ -113,33 +113,46 @@ async def maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-_CACHE: dict[tuple[str, str | None], RewardModel] = {}
-
-
 def load_reward_model(spec: str, args: Any, model_path: str | None = None) -> RewardModel:
-    """Loads ``spec`` (``file.py``, ``file.py:name``, ``module:name``); a class is built once
-    per (spec, model path) and kept, as loading a reward model is expensive."""
-    key = (spec, model_path)
-    if key not in _CACHE:
-        target = load_plugin(spec, flag=_FLAG, preferred=("CustomRewardModel",))
-        _CACHE[key] = RewardModel(target, args, model_path, spec)
-    model = _CACHE[key]
-    model.args = args
-    return model
+    """Loads ``spec`` (``file.py``, ``file.py:name``, ``module:name``) and builds it (a class
+    plug-in is instantiated with ``model_path``).
 
-
-async def apply_custom_rewards(samples: Sequence[Sample], args: Any) -> None:
-    """Overrides env rewards by the per-sample, then the ``--custom-rm-path`` reward model.
-
-    Samples that failed or were aborted are not scored.
+    Raises:
+        PluginError: The plug-in cannot be loaded or has the wrong form.
     """
-    scorable = [s for s in samples if s.status in (Status.COMPLETED, Status.TRUNCATED)]
-    by_model: dict[str, list[Sample]] = {}
-    default = args.custom_rm_path
-    for sample in scorable:
-        spec = sample.metadata.get("custom_rm_path") or default
-        if spec:
-            by_model.setdefault(spec, []).append(sample)
-    for spec, group in by_model.items():
-        model = load_reward_model(spec, args, args.rm_model_path)
-        await model.score(group)
+    target = load_plugin(spec, flag=_FLAG, preferred=("CustomRewardModel",))
+    return RewardModel(target, args, model_path, spec)
+
+
+class RewardModels:
+    """The reward plug-ins of one run: each loaded once, on first use (loading a reward model
+    is expensive), and kept for the run's life.
+
+    Args:
+        args: The rollout config (``--custom-rm-path``, ``--rm-model-path``); passed to the
+            plug-ins.
+    """
+
+    def __init__(self, args: Any) -> None:
+        self.args = args
+        self._models: dict[str, RewardModel] = {}
+
+    def get(self, spec: str) -> RewardModel:
+        """The model of ``spec``, loaded on first use."""
+        if spec not in self._models:
+            self._models[spec] = load_reward_model(spec, self.args, self.args.rm_model_path)
+        return self._models[spec]
+
+    async def apply(self, samples: Sequence[Sample]) -> None:
+        """Overrides env rewards by the per-sample, then the ``--custom-rm-path`` reward model.
+
+        Samples that failed or were aborted are not scored.
+        """
+        scorable = [s for s in samples if s.status in (Status.COMPLETED, Status.TRUNCATED)]
+        by_model: dict[str, list[Sample]] = {}
+        for sample in scorable:
+            spec = sample.metadata.get("custom_rm_path") or self.args.custom_rm_path
+            if spec:
+                by_model.setdefault(spec, []).append(sample)
+        for spec, group in by_model.items():
+            await self.get(spec).score(group)

@@ -24,7 +24,6 @@ from agentrl.eval.metrics import SUCCESS_REWARD
 from agentrl.plugins import load_plugin
 from agentrl.rollout.custom import load_custom_generate, run_custom_generate
 from agentrl.rollout.episode import Episode, RolloutContext
-from agentrl.rollout.rewards import apply_custom_rewards
 from agentrl.rollout.sample import Sample, Status
 
 __all__ = ["RolloutBatch", "RolloutRunner"]
@@ -188,8 +187,8 @@ class RolloutRunner:
                                               evaluation=self.evaluation)
             return group
         await asyncio.gather(*(self._play_sample(s, f"{rid}-s{s.index}") for s in group))
-        await apply_custom_rewards([s for s in group if s.metadata.get("finish") != "abort"],
-                                   self.ctx.args)
+        assert self.ctx.rewards is not None
+        await self.ctx.rewards.apply([s for s in group if s.metadata.get("finish") != "abort"])
         return group
 
     async def _play_sample(self, sample: Sample, rid: str) -> None:

@@ -11,7 +11,7 @@ from agentrl.errors import PluginError
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.custom import load_custom_generate, run_custom_generate
 from agentrl.rollout.episode import Episode
-from agentrl.rollout.rewards import apply_custom_rewards, load_reward_model
+from agentrl.rollout.rewards import RewardModels, load_reward_model
 from agentrl.rollout.sample import Sample, Status
 from tests.unit.test_rollout_episode import TASK, calc_policy, check_token_exact, make_ctx
 
@@ -84,7 +84,7 @@ def test_custom_generate_must_be_async(tmp_path):
 
 
 def scored(samples, **kw):
-    asyncio.run(apply_custom_rewards(samples, args(**kw)))
+    asyncio.run(RewardModels(args(**kw)).apply(samples))
     return samples
 
 
@@ -160,3 +160,21 @@ def test_bad_reward_plugins_are_named(tmp_path):
         load_reward_model(str(path), args())
     with pytest.raises(PluginError, match="no such file"):
         load_reward_model(str(tmp_path / "missing.py"), args())
+
+
+def test_a_reward_model_class_is_built_once_per_run(tmp_path):
+    path = tmp_path / "rm_count.py"
+    path.write_text("BUILT = []\n"
+                    "class CustomRewardModel:\n"
+                    "    def __init__(self, model_path):\n"
+                    "        BUILT.append(model_path)\n"
+                    "    def compute_reward(self, prompts, responses):\n"
+                    "        return [1.0 for _ in responses]\n")
+    run = RewardModels(args(custom_rm_path=str(path), rm_model_path="m"))
+    for _ in range(3):
+        asyncio.run(run.apply([completed("q", "a")]))
+    other_run = RewardModels(args(custom_rm_path=str(path), rm_model_path="m"))
+    asyncio.run(other_run.apply([completed("q", "a")]))
+    assert run.get(str(path)) is run.get(str(path)) is not other_run.get(str(path))
+    module = __import__("sys").modules[type(run.get(str(path))._fn.__self__).__module__]
+    assert module.BUILT == ["m", "m"]  # once per run, not once per call
