@@ -217,7 +217,7 @@ def test_auto_backend_explains_how_to_fix(monkeypatch):
         resolve_backend("auto")
     message = str(excinfo.value)
     assert "apt-get install bubblewrap" in message and "scripts/dockerd.sh start" in message
-    assert "--sandbox process" in message and "connection refused" in message
+    assert "--env-kwarg sandbox=process" in message and "connection refused" in message
     with pytest.raises(ValueError, match="unknown sandbox backend"):
         resolve_backend("vm")
 
