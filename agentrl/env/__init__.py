@@ -1,10 +1,12 @@
-"""Environments: the ``ToolEnv`` contract, the registry and the checker.
+"""Environments: the ``ToolEnv`` contract, the registry, the checker, and the ``EnvFactory`` a
+run builds all its envs with.
 
 Imports neither Ray, Megatron nor SGLang.
 """
 
 from agentrl.env.checker import CHECKS, check_env
 from agentrl.env.core import Action, EpisodeState, StepTimings, ToolEnv, check_split
+from agentrl.env.factory import EnvFactory, EnvInfo
 from agentrl.env.messages import AssistantTurn, Message, MessageList, message_problem
 from agentrl.env.registry import (
     EnvSpec,
@@ -22,6 +24,8 @@ __all__ = [
     "CHECKS",
     "Action",
     "AssistantTurn",
+    "EnvFactory",
+    "EnvInfo",
     "EnvSpec",
     "EpisodeState",
     "Message",
