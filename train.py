@@ -62,6 +62,7 @@ async def main(argv: list[str]) -> None:
                 batch = DemoBatch(await demonstrations(ctx, data.get_samples(rollout.rollout_batch_size)))
             else:
                 batch = await runner.generate(rollout_id)
+                batch.check_failures(run.max_failed_fraction)  # stops a run that would learn nothing
         with log.stage("train"):
             if args.cluster.colocate:  # engines free their KV cache while the trainer shares the device
                 await engine.release_memory()

@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from agentrl.config import parse_pairs
+from agentrl.config import parse_pairs, unknown_flags_message
 from agentrl.env import check_env, env_spec, import_env_module, list_envs
 from agentrl.errors import AgentRLError
 
@@ -49,10 +49,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``agentrl`` command."""
-    parser = argparse.ArgumentParser(prog="agentrl", description=__doc__)
+    parser = argparse.ArgumentParser(prog="agentrl", description=__doc__, allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("list-envs", help="list registered environments")
+    p = sub.add_parser("list-envs", allow_abbrev=False, help="list registered environments")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument(
         "--module", action="append", default=[], metavar="MOD",
@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_list_envs)
 
-    p = sub.add_parser("check-env", help="run check_env on a registered environment")
+    p = sub.add_parser("check-env", allow_abbrev=False, help="run check_env on a registered environment")
     p.add_argument("id", help="env id: NAME, NAME-vN, or MODULE:NAME for a user module")
     p.add_argument("--seed", type=int, default=0, help="seed for the determinism check")
     p.add_argument(
@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_check_env)
 
-    p = sub.add_parser("eval", help="evaluate a policy on an environment's tasks",
+    p = sub.add_parser("eval", allow_abbrev=False, help="evaluate a policy on an environment's tasks",
                        description="Evaluate a policy on an env's tasks with train.py's rollout "
                        "flags (see `agentrl eval --help`).")
     from agentrl.eval.command import add_eval_arguments
@@ -81,7 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``agentrl`` console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        subparsers.choices[args.command].error(unknown_flags_message(
+            subparsers.choices[args.command], unknown))
     try:
         return args.func(args)
     except AgentRLError as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import types
 import typing
@@ -17,7 +18,7 @@ from typing import Any, TypeVar
 
 from agentrl.errors import ConfigError
 
-__all__ = ["add_arguments", "flag", "from_namespace", "option", "parse_pairs"]
+__all__ = ["add_arguments", "flag", "from_namespace", "option", "parse_pairs", "unknown_flags_message"]
 
 C = TypeVar("C")
 
@@ -103,3 +104,18 @@ def parse_pairs(pairs: Sequence[str], flag_name: str) -> dict[str, Any]:
         except ValueError:
             out[key] = value
     return out
+
+
+def unknown_flags_message(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> str:
+    """``unrecognized arguments: ...`` with the closest flag of ``parser`` for each misspelled one
+    (a flag with one letter missing or swapped gets its right spelling)."""
+    known = [option for action in parser._actions for option in action.option_strings]
+    hints = []
+    for token in unknown:
+        name = token.partition("=")[0]
+        if name.startswith("--"):
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            if close:
+                hints.append(f"{name}: did you mean {close[0]}?")
+    hint = f" ({'; '.join(hints)})" if hints else ""
+    return f"unrecognized arguments: {' '.join(unknown)}{hint}"

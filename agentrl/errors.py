@@ -78,6 +78,10 @@ class RewardError(AgentRLError):
     """A custom reward function or model failed or returned something that is not a number."""
 
 
+class RolloutFailedError(AgentRLError):
+    """Too many samples of a rollout failed to train on (``--max-failed-fraction``)."""
+
+
 class PluginError(AgentRLError):
     """A user plug-in (``--custom-generate-function-path``, ``--custom-rm-path``, a filter)
     cannot be loaded or has the wrong form."""

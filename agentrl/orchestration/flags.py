@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 from collections.abc import Sequence
 
-from agentrl.config import add_arguments, flag, from_namespace, option
+from agentrl.config import add_arguments, flag, from_namespace, option, unknown_flags_message
 from agentrl.errors import ConfigError
 from agentrl.orchestration.cluster import ClusterConfig
 from agentrl.orchestration.sinks import WANDB_MODES, require_wandb
@@ -35,6 +35,9 @@ class RunConfig:
                              "folder an earlier run wrote metrics to is refused unless --load "
                              "continues that run")
     save_trajectories: bool = option(True, "write each rollout's samples as JSONL")
+    max_failed_fraction: float | None = option(
+        None, "stop the run when more than this share of a rollout's samples failed (an env, a "
+        "tool plumbing or a plug-in crashed); default: only when every sample failed")
     dead_run_rollouts: int = option(3, "warn when every group had zero reward variance for this "
                                     "many rollouts in a row (nothing is being learned)")
     use_tensorboard: bool = option(True, "write TensorBoard event files under <output-dir>/"
@@ -55,6 +58,8 @@ class RunConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{flag(name)} must be >= 1, got {value}")
+        if self.max_failed_fraction is not None and not 0 <= self.max_failed_fraction < 1:
+            raise ConfigError(f"--max-failed-fraction must be in [0, 1), got {self.max_failed_fraction}")
         if self.wandb_mode not in WANDB_MODES:
             raise ConfigError(f"--wandb-mode must be one of {', '.join(WANDB_MODES)}, "
                               f"got {self.wandb_mode!r}")
@@ -77,7 +82,8 @@ class Args:
 def build_parser() -> argparse.ArgumentParser:
     """``train.py``'s parser: one flag per config field (``--sglang-*`` flags are collected
     apart, by :func:`parse_args`)."""
-    parser = argparse.ArgumentParser(prog="train.py",
+    # allow_abbrev=False: a prefix such as --num-roll must not quietly mean --num-rollout
+    parser = argparse.ArgumentParser(prog="train.py", allow_abbrev=False,
                                      description="agentrl: RL for tool-using agents")
     for cls, title in ((RolloutConfig, "rollout"), (TrainerConfig, "trainer"), (RunConfig, "run"),
                        (ClusterConfig, "cluster")):
@@ -94,7 +100,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Args:
     namespace, unknown = parser.parse_known_args(argv)
     namespace.sglang_args, unknown = collect_sglang_args(unknown)
     if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        parser.error(unknown_flags_message(parser, unknown))
     try:
         args = Args(rollout=from_namespace(RolloutConfig, namespace),
                     trainer=from_namespace(TrainerConfig, namespace),

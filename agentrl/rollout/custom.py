@@ -25,6 +25,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import dataclasses
+import logging
 import time
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
@@ -51,6 +52,8 @@ __all__ = [
 
 T = TypeVar("T")
 _FLAG = "--custom-generate-function-path"
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -341,8 +344,12 @@ async def run_custom_generate(
         if not isinstance(result, list) or any(not isinstance(s, Sample) for s in result):
             raise PluginError(f"{_FLAG}: custom_generate must return the list of samples")
     except Exception as exc:  # noqa: BLE001 - a crashing user function fails its samples
+        log.warning("%s %s raised %s: %s; its %d samples (group %s) fail", _FLAG,
+                    getattr(fn, "__qualname__", fn), type(exc).__name__, exc, len(states),
+                    samples[0].group_id if samples else "-")
         for state in states.values():
-            state.episode.fail(PluginError(f"custom_generate: {type(exc).__name__}: {exc}"))
+            state.episode.fail(PluginError(f"custom_generate: {type(exc).__name__}: {exc}"),
+                               report=False)
         result = list(samples)
     finally:
         executor.shutdown(wait=False)

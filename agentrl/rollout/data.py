@@ -171,6 +171,9 @@ class RolloutDataSource:
     # -- sources -------------------------------------------------------------------------------
 
     def _open_file(self, path: Path) -> None:
+        if path.is_dir():
+            raise DataError(f"--prompt-data {str(path)!r} is a folder: give one .jsonl or .parquet "
+                            "file of it")
         if not path.is_file():
             raise DataError(f"--prompt-data {str(path)!r}: no such file")
         if path.suffix not in (".jsonl", ".json", ".parquet"):

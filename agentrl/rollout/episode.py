@@ -403,15 +403,17 @@ class Episode:
             sample.metadata["messages"] = [dict(m) for m in messages]
         self.done = True
 
-    def fail(self, exc: BaseException) -> None:
-        """Fails the sample with ``exc`` as the reason (``metadata["error"]``)."""
+    def fail(self, exc: BaseException, *, report: bool = True) -> None:
+        """Fails the sample with ``exc`` as the reason (``metadata["error"]``); ``report``: also
+        log it (a caller that reports a whole batch's failure once passes False)."""
         self.finish(Status.FAILED, "error")
         self.sample.reward = 0.0
         self.sample.metadata["error"] = f"{type(exc).__name__}: {exc}"
         self.sample.metadata["traceback"] = traceback.format_exc(limit=8)
-        where = self.sample.metadata.get("source") or {}
-        row = f" (row {where['file']}:{where['line']})" if "file" in where else ""
-        log.warning("episode %s failed%s: %s: %s", self.rid, row, type(exc).__name__, exc)
+        if report:
+            where = self.sample.metadata.get("source") or {}
+            row = f" (row {where['file']}:{where['line']})" if "file" in where else ""
+            log.warning("episode %s failed%s: %s: %s", self.rid, row, type(exc).__name__, exc)
 
     async def close(self) -> None:
         """Closes the env (idempotent); an aborted episode closed here cannot resume."""

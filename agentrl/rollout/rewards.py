@@ -17,6 +17,7 @@ A reward that raises, or is not a real number, fails that sample (``status = fai
 from __future__ import annotations
 
 import inspect
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -29,6 +30,8 @@ from agentrl.rollout.sample import Sample, Status
 __all__ = ["RewardModel", "RewardModels", "load_reward_model", "maybe_await"]
 
 _FLAG = "--custom-rm-path"
+
+log = logging.getLogger(__name__)
 
 
 class RewardModel:
@@ -44,6 +47,7 @@ class RewardModel:
     def __init__(self, target: Any, args: Any, model_path: str | None, name: str) -> None:
         self.name = name
         self.args = args
+        self.reported = False
         if inspect.isclass(target):
             instance = target(model_path)
             if not callable(getattr(instance, "compute_reward", None)):
@@ -62,6 +66,18 @@ class RewardModel:
             raise PluginError(f"{_FLAG} {name!r} is a {type(target).__name__}, not a function "
                               "or class")
 
+    def _fail(self, sample: Sample, exc: BaseException) -> None:
+        """Fails ``sample`` with the reason; the plug-in's first failure is also logged."""
+        sample.reward = 0.0
+        sample.status = Status.FAILED
+        sample.metadata["reward_error"] = f"{self.name}: {type(exc).__name__}: {exc}"
+        sample.metadata.setdefault("error", sample.metadata["reward_error"])
+        if not self.reported:
+            self.reported = True
+            log.warning("%s %s failed on sample %s/%s (task %s): %s: %s; such samples fail "
+                        "(reward 0; counted in rollout/failed)", _FLAG, self.name, sample.group_id,
+                        sample.index, sample.metadata.get("task_id"), type(exc).__name__, exc)
+
     async def score(self, samples: Sequence[Sample]) -> None:
         """Sets ``reward`` on each sample, or fails the ones whose reward could not be computed."""
         if not samples:
@@ -73,7 +89,7 @@ class RewardModel:
                     reward = await maybe_await(self._fn(self.args, sample))
                     sample.reward = as_reward(reward, self.name)
                 except Exception as exc:  # noqa: BLE001 - a user function fails one sample
-                    _fail(sample, self.name, exc)
+                    self._fail(sample, exc)
         else:
             try:
                 if self.kind == "class":
@@ -90,10 +106,10 @@ class RewardModel:
                     try:
                         sample.reward = as_reward(reward, self.name)
                     except RewardError as exc:
-                        _fail(sample, self.name, exc)
+                        self._fail(sample, exc)
             except Exception as exc:  # noqa: BLE001 - a user function fails its batch
                 for sample in samples:
-                    _fail(sample, self.name, exc)
+                    self._fail(sample, exc)
         per_sample = (time.perf_counter() - started) / len(samples)
         for sample in samples:
             sample.metadata["reward_source"] = self.name
@@ -101,11 +117,6 @@ class RewardModel:
                 sample.turns[-1].reward_s += per_sample
 
 
-def _fail(sample: Sample, name: str, exc: BaseException) -> None:
-    sample.reward = 0.0
-    sample.status = Status.FAILED
-    sample.metadata["reward_error"] = f"{name}: {type(exc).__name__}: {exc}"
-    sample.metadata.setdefault("error", sample.metadata["reward_error"])
 
 
 async def maybe_await(value: Any) -> Any:

@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentrl.errors import PluginError
+from agentrl.errors import PluginError, RolloutFailedError
 from agentrl.eval.metrics import SUCCESS_REWARD
 from agentrl.plugins import load_plugin
 from agentrl.rollout.custom import load_custom_generate, run_custom_generate
@@ -49,6 +49,33 @@ class RolloutBatch:
     @property
     def samples(self) -> list[Sample]:
         return [s for g in self.groups for s in g]
+
+    def check_failures(self, max_failed_fraction: float | None = None) -> None:
+        """Refuses a batch with too many failed samples (nothing to learn from).
+
+        Args:
+            max_failed_fraction: The share of failed samples allowed (``--max-failed-fraction``);
+                ``None``: every sample but one may fail.
+
+        Raises:
+            RolloutFailedError: Every sample failed, or more than ``max_failed_fraction`` did;
+                the message names the first failure (sample, task, reason).
+        """
+        samples = self.samples
+        failed = [s for s in samples if s.status is Status.FAILED]
+        if not failed:
+            return
+        too_many = (len(failed) == len(samples) if max_failed_fraction is None
+                    else len(failed) > max_failed_fraction * len(samples))
+        if not too_many:
+            return
+        first = failed[0]
+        limit = ("every sample" if max_failed_fraction is None
+                 else f"more than --max-failed-fraction {max_failed_fraction}")
+        raise RolloutFailedError(
+            f"{len(failed)} of {len(samples)} samples failed ({limit}); the first, sample "
+            f"{first.group_id}/{first.index} (task {first.metadata.get('task_id')}): "
+            f"{first.metadata.get('error', 'no reason recorded')}")
 
 
 class RolloutRunner:
@@ -175,7 +202,13 @@ class RolloutRunner:
     # -- internals ---------------------------------------------------------------------------
 
     def _passes(self, group: list[Sample]) -> bool:
-        return self.group_filter is None or bool(self.group_filter(self.ctx.args, group))
+        if self.group_filter is None:
+            return True
+        try:
+            return bool(self.group_filter(self.ctx.args, group))
+        except Exception as exc:  # a user's filter: say which, and on what
+            raise PluginError(f"--dynamic-sampling-filter-path {self.ctx.config.dynamic_sampling_filter_path}: "
+                              f"{type(exc).__name__}: {exc} (on group {group[0].group_id})") from exc
 
     async def _play_group(self, group: list[Sample], rid: str) -> list[Sample]:
         if self.custom_generate is not None:

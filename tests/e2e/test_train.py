@@ -234,3 +234,18 @@ def test_sglang_backend_through_the_router(tmp_path):
     assert bad.returncode == 2 and "--sglang-mem-fraction-static" in bad.stderr
     bad = train(*TINY_RUN, "--rollout-backend", "sglang", cwd=tmp_path)
     assert bad.returncode == 2 and "--rollout-num-gpus" in bad.stderr
+
+
+def test_a_plugin_that_fails_every_sample_stops_the_run_and_says_why(tmp_path):
+    """Regression: a custom generate that raised failed 100% of the samples, and the run still
+    trained on nothing and exited 0 with only rollout/failed=N to show for it."""
+    plugin = tmp_path / "broken_generate.py"
+    plugin.write_text("async def custom_generate(args, samples, evaluation=False):\n"
+                      "    raise KeyError('tool_result')\n")
+    done = train(*TINY_RUN, "--num-rollout", "2", "--custom-generate-function-path", str(plugin),
+                 "--output-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "custom_generate raised KeyError: 'tool_result'" in done.stderr
+    assert "train.py: error: 4 of 4 samples failed (every sample); the first, sample 0/0" in done.stderr
+    assert "PluginError: custom_generate: KeyError: 'tool_result'" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -582,3 +582,8 @@ def test_a_parquet_file_that_is_not_parquet_is_named(tmp_path):
     path.write_text('{"prompt": "not parquet"}\n')
     with pytest.raises(DataError, match="is not a readable Parquet file"):
         RolloutDataSource(make_args(prompt_data=str(path)))
+
+
+def test_a_folder_as_prompt_data_is_named_as_a_folder(tmp_path):
+    with pytest.raises(DataError, match="is a folder: give one .jsonl or .parquet file of it"):
+        RolloutDataSource(make_args(prompt_data=str(tmp_path)))

@@ -225,3 +225,10 @@ def test_outputs_and_table(tmp_path, capsys):
     assert summary["policy"] == "oracle" and metrics["success_rate"] == 1.0 and metrics["n_samples"] == 5
     lines = (tmp_path / "out" / "calc.episodes.jsonl").read_text().splitlines()
     assert len(lines) == 5 and json.loads(lines[0])["messages"][0]["role"] == "system"
+
+
+def test_a_misspelled_eval_flag_gets_a_suggestion(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["eval", "--env", "calc", "--limt", "3"])
+    assert exc.value.code == 2
+    assert "--limt: did you mean --limit?" in capsys.readouterr().err

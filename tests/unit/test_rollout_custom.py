@@ -178,3 +178,17 @@ def test_a_reward_model_class_is_built_once_per_run(tmp_path):
     assert run.get(str(path)) is run.get(str(path)) is not other_run.get(str(path))
     module = __import__("sys").modules[type(run.get(str(path))._fn.__self__).__module__]
     assert module.BUILT == ["m", "m"]  # once per run, not once per call
+
+
+def test_a_failing_reward_plugin_is_reported_once_with_the_sample(tmp_path, caplog):
+    import logging
+
+    path = tmp_path / "rm_broken.py"
+    path.write_text("def rm(args, sample):\n    return 'high'\n")
+    samples = [completed("q", "a"), completed("q", "b")]
+    with caplog.at_level(logging.WARNING, logger="agentrl.rollout.rewards"):
+        scored(samples, custom_rm_path=str(path))
+    assert all(s.status is Status.FAILED for s in samples)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "rm_broken.py failed on sample 0/0" in warnings[0]
+    assert "not a number" in warnings[0]

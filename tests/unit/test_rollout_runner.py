@@ -145,3 +145,50 @@ def test_config_validation_names_the_flag():
         RolloutConfig(prompt_data="x.jsonl").validate()
     with pytest.raises(ConfigError, match="--eval-prompt-data names must be unique"):
         RolloutConfig(env="calc", eval_prompt_data=[["a", "x"], ["a", "y"]]).validate()
+
+
+def _failed(gid, index, error="KeyError: 'question'"):
+    from agentrl.rollout.sample import Sample
+
+    return Sample(group_id=gid, index=index, status=Status.FAILED, reward=0.0,
+                  metadata={"error": error, "task_id": f"t{gid}"})
+
+
+def test_a_rollout_where_every_sample_failed_stops_the_run():
+    import pytest
+
+    from agentrl.errors import RolloutFailedError
+    from agentrl.rollout.runner import RolloutBatch
+
+    batch = RolloutBatch([[_failed(0, 0), _failed(0, 1)]], {})
+    with pytest.raises(RolloutFailedError, match=r"2 of 2 samples failed \(every sample\); the first, "
+                       r"sample 0/0 \(task t0\): KeyError: 'question'"):
+        batch.check_failures()
+
+
+def test_max_failed_fraction_bounds_the_failures_a_rollout_may_have():
+    import pytest
+
+    from agentrl.errors import RolloutFailedError
+    from agentrl.rollout.runner import RolloutBatch
+    from agentrl.rollout.sample import Sample
+
+    ok = Sample(group_id=1, index=0, status=Status.COMPLETED, reward=1.0)
+    batch = RolloutBatch([[_failed(0, 0), ok], [ok, ok]], {})
+    batch.check_failures()  # one of four: the default stops only when all failed
+    batch.check_failures(0.25)
+    with pytest.raises(RolloutFailedError, match="more than --max-failed-fraction 0.2"):
+        batch.check_failures(0.2)
+
+
+def test_a_filter_that_raises_is_named(tmp_path):
+    import pytest
+
+    from agentrl.errors import PluginError
+
+    plugin = tmp_path / "bad_filter.py"
+    plugin.write_text("def keep(args, group):\n    return group[0].reward['x']\n")
+    runner, _ = setup(tmp_path, dynamic_sampling_filter_path=f"{plugin}:keep")
+    with pytest.raises(PluginError, match=r"--dynamic-sampling-filter-path .*bad_filter.py:keep: "
+                       r"TypeError: .* \(on group \d+\)"):
+        asyncio.run(runner.generate(0))

@@ -194,3 +194,19 @@ def test_the_model_flags_exist() -> None:
                           "--normalization", "RMSNorm", "--rotary-base", "1e6"]).trainer
     assert (trainer.vocab_size, trainer.untie_embeddings_and_output_weights) == (300, False)
     assert (trainer.normalization, trainer.rotary_base) == ("RMSNorm", 1e6)
+
+
+def test_a_flag_prefix_is_not_a_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression: --num-roll 0 was read as --num-rollout 0."""
+    err = refused([*ENV, "--num-roll", "0"], capsys)
+    assert "unrecognized arguments: --num-roll 0" in err and "did you mean --num-rollout?" in err
+
+
+def test_a_misspelled_flag_gets_a_suggestion(capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused([*ENV, "--rollout-batchsize", "2"], capsys)
+    assert "--rollout-batchsize: did you mean --rollout-batch-size?" in err
+
+
+def test_max_failed_fraction_must_be_a_share(capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused([*ENV, "--max-failed-fraction", "1.5"], capsys)
+    assert "--max-failed-fraction must be in [0, 1), got 1.5" in err
