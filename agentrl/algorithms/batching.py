@@ -129,7 +129,7 @@ def aggregate(
 ) -> torch.Tensor:
     """Reduces per-token ``values`` ``[B, T]`` to a scalar loss; mask-0 tokens never count.
 
-    Modes (docs/rl-semantics.md, "Aggregation must be explicit"):
+    Modes (docs/rl-semantics.md, "The policy loss", aggregation):
 
     * ``token_mean``: ``sum_{i,t} m_it v_it / sum_{i,t} m_it`` - every token weighs the same.
     * ``seq_mean_token_mean``: ``mean_i [sum_t m_it v_it / sum_t m_it]`` over samples with at

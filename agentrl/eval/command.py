@@ -57,10 +57,9 @@ class EvalConfig:
             raise ConfigError(f"--policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if self.output is not None:
             path = Path(self.output)
-            try:
+            try:  # fail now, not after the episodes have run
                 path.parent.mkdir(parents=True, exist_ok=True)
-                with path.open("a", encoding="utf-8"):
-                    pass
+                path.touch()
             except OSError as exc:
                 raise ConfigError(f"--output {self.output!r} cannot be written ({exc.strerror}): "
                                   "choose a writable path") from exc

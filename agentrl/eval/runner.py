@@ -24,7 +24,7 @@ from typing import Any
 
 from agentrl.env.factory import EnvFactory
 from agentrl.eval.metrics import summarize
-from agentrl.rollout.build import eval_context
+from agentrl.rollout.build import env_factory, eval_context
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.data import RolloutDataSource
 from agentrl.rollout.episode import RolloutContext
@@ -90,9 +90,8 @@ async def evaluate_sets(ctx: RolloutContext, sets: Sequence[EvalSet], label: str
         envs = ctx.envs
         if eval_set.env is not None and envs is not None:
             envs = envs.for_env(eval_set.env)
-        elif eval_set.env is not None:
-            envs = EnvFactory(eval_set.env, max_turns=config.max_turns,
-                              tool_call_format=config.tool_call_format)
+        elif eval_set.env is not None:  # single-turn training prompts, an env's eval set
+            envs = env_factory(dataclasses.replace(config, env=eval_set.env, env_kwarg=[]))
         source = _source(config, eval_set, envs)
         try:
             n_prompts = len(source)

@@ -144,9 +144,10 @@ class RolloutDataSource:
         self._parser: RowParser | None = None
         self._env_id = config.env
         self._env_split = split
-        if envs is None and config.env is not None:
-            envs = EnvFactory(config.env, env_kwargs=config.env_kwargs, max_turns=config.max_turns,
-                              tool_call_format=config.tool_call_format)
+        if envs is None:  # a data source built on its own (a plug-in's super().__init__(args))
+            from agentrl.rollout.build import env_factory
+
+            envs = env_factory(config)
         self._envs = envs
         if envs is not None:
             self._env = envs()

@@ -223,28 +223,33 @@ def test_auto_backend_explains_how_to_fix(monkeypatch):
 
 
 class FakeSandbox(Sandbox):
-    """Records the options it was made with; runs nothing."""
+    """Records the options it was made with: the pool and env tests below only acquire and
+    release sandboxes, so running anything in one is a test bug, said as such."""
 
     backend = "fake"
 
     def __init__(self, limits=None, **options):
         super().__init__(limits)
         self.options = options
+        self.started = False
 
     async def start(self):
-        pass
+        self.started = True
+
+    def _unused(self):
+        raise AssertionError("FakeSandbox runs nothing: these tests only acquire and release")
 
     async def exec(self, command, *, timeout=None, stdin=None, env=None, cwd="/workspace"):
-        raise NotImplementedError
+        self._unused()
 
     async def open_shell(self):
-        raise NotImplementedError
+        self._unused()
 
     async def read_file(self, path, *, max_bytes=None):
-        raise NotImplementedError
+        self._unused()
 
     async def write_file(self, path, data):
-        raise NotImplementedError
+        self._unused()
 
     async def close(self):
         self.closed = True
