@@ -22,7 +22,8 @@ __all__ = ["Args", "RunConfig", "build_parser", "parse_args"]
 class RunConfig:
     """The loop's own flags."""
 
-    num_rollout: int = option(3, "rollout -> train iterations")
+    num_rollout: int = option(3, "rollout -> train iterations (with --load: the new total; the "
+                              "lr decay is stretched to it)")
     update_weights_interval: int = option(1, "push trainer weights to the engine every N rollouts")
     weight_sync: str = option("auto", "how weights reach the engines: tensor (in memory; Ray's "
                               "shared-memory object store for engine actors), disk (a Hugging "

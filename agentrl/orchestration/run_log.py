@@ -7,7 +7,7 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +37,10 @@ class RunLog:
     in every group (nothing is being learned). Call :meth:`close` at the end (or use it as a
     context manager); after that, only the JSONL files are written.
 
+    The run-level counters (the flat rollouts in a row, the run's elapsed seconds) go into each
+    checkpoint (:meth:`counters`) and come back on ``--load`` (:meth:`restore`), so a resumed run
+    warns and counts as if it had never stopped.
+
     Args:
         output_dir: The run's folder (created if missing).
         dead_run_rollouts: Flat rollouts in a row before the dead-run warning.
@@ -62,6 +66,7 @@ class RunLog:
         self.progress = progress
         self.stage_seconds: dict[str, float] = {}
         self.flat_rollouts = 0
+        self.elapsed_before = 0.0  # seconds the run ran before this process (restored on --load)
         self.root = Path(output_dir)
         self.root.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.root / "metrics.jsonl"
@@ -115,9 +120,7 @@ class RunLog:
         self.stage_seconds = {}
         if self.progress is not None:
             self.progress.trained(rollout_id)
-        groups = values.get("rollout/groups", 0)
-        flat = groups > 0 and values.get("rollout/zero_std_groups", 0) == groups
-        self.flat_rollouts = self.flat_rollouts + 1 if flat else 0
+        self.flat_rollouts = self._flat_rollouts_after(values)
         values = {**values, "run/flat_rollouts_in_a_row": self.flat_rollouts}
         if self.flat_rollouts >= self.dead_run_rollouts:
             print(f"WARNING: dead run: in the last {self.flat_rollouts} rollouts every group's "
@@ -127,7 +130,7 @@ class RunLog:
                   "filter (--dynamic-sampling-filter-path "
                   "agentrl.rollout.filters:reward_std_positive).",
                   file=sys.stderr, flush=True)
-        elapsed = round(time.perf_counter() - self.started, 3)
+        elapsed = round(self._elapsed(), 3)
         record = {"rollout_id": rollout_id, "elapsed_s": elapsed, **values}
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
@@ -135,6 +138,24 @@ class RunLog:
         shown = {k: v for k, v in record.items() if k in SHOWN}
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                        for k, v in shown.items()), flush=True)
+
+    def counters(self, pending: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The run-level counters to save with a checkpoint (JSON-able; :meth:`restore` takes
+        them back).
+
+        Args:
+            pending: The metrics of a rollout that is checkpointed before :meth:`metrics`
+                records it (train.py saves first): the counters are given as they will be once
+                it is recorded, so the resumed run continues from the rollout after it.
+        """
+        flat = self.flat_rollouts if pending is None else self._flat_rollouts_after(pending)
+        return {"flat_rollouts": flat, "elapsed_s": self._elapsed()}
+
+    def restore(self, counters: Mapping[str, Any]) -> None:
+        """Continues the counters of :meth:`counters` (a ``--load``); missing ones (a checkpoint
+        from before they were saved) start at 0."""
+        self.flat_rollouts = int(counters.get("flat_rollouts", 0))
+        self.elapsed_before = float(counters.get("elapsed_s", 0.0))
 
     def eval(self, step: int, result: dict[str, Any]) -> None:
         """Records one evaluation: a line of ``eval.jsonl`` and scalars ``eval/<set>/<metric>``.
@@ -187,6 +208,17 @@ class RunLog:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def _flat_rollouts_after(self, values: Mapping[str, Any]) -> int:
+        """The flat-rollouts-in-a-row count once the rollout with metrics ``values`` is counted:
+        one more if every group had one reward for all its samples, else 0."""
+        groups = values.get("rollout/groups", 0)
+        flat = groups > 0 and values.get("rollout/zero_std_groups", 0) == groups
+        return self.flat_rollouts + 1 if flat else 0
+
+    def _elapsed(self) -> float:
+        """Seconds the run has run, over every process that continued it."""
+        return self.elapsed_before + time.perf_counter() - self.started
 
     def _log_scalars(self, step: int, values: dict[str, float]) -> None:
         for sink in self.sinks:

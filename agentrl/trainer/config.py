@@ -58,7 +58,8 @@ class TrainerConfig:
     min_lr: float = option(0.0, "floor of the decayed learning rate")
     lr_decay_style: str = option("constant", "constant | linear | cosine")
     lr_warmup_iters: int = option(0, "optimizer steps of linear warm-up")
-    lr_decay_iters: int | None = option(None, "steps to decay over (default: all steps)")
+    lr_decay_iters: int | None = option(None, "optimizer steps to decay over (default: all the "
+                                        "run's; a --load with a larger --num-rollout extends it)")
     weight_decay: float = option(0.0, "AdamW weight decay")
     adam_beta1: float = option(0.9, "AdamW beta1")
     adam_beta2: float = option(0.98, "AdamW beta2")

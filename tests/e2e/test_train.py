@@ -43,6 +43,10 @@ def test_train_runs_saves_and_resumes(tmp_path):
     assert "resumed from" in resumed.stdout and "rollout 2" in resumed.stdout
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["rollout_id"] for m in metrics] == [0, 1, 2]
+    # the dead-run count went on across the restart (it was saved with the checkpoint)
+    before, after = metrics[1]["run/flat_rollouts_in_a_row"], metrics[2]
+    flat = after["rollout/zero_std_groups"] == after["rollout/groups"]
+    assert after["run/flat_rollouts_in_a_row"] == (before + 1 if flat else 0)
 
 
 def test_train_runs_on_swe_tools(tmp_path):

@@ -113,6 +113,31 @@ def test_dead_run_warning_after_n_flat_rollouts_and_reset(
     assert flat == [1, 2, 0, 1, 2]
 
 
+def test_dead_run_counter_survives_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    first = RunLog(tmp_path, dead_run_rollouts=3, use_tensorboard=False)
+    first.metrics(0, FLAT)
+    # train.py checkpoints rollout 1 before recording its metrics: the saved count includes it
+    saved = json.loads(json.dumps(first.counters(FLAT)))  # kept in the checkpoint as JSON
+    first.metrics(1, FLAT)
+    assert saved["flat_rollouts"] == first.flat_rollouts == 2
+    assert "dead run" not in capsys.readouterr().err
+
+    assert saved["elapsed_s"] > 0
+    saved["elapsed_s"] += 100.0  # as if the first run had trained for 100 s more
+    resumed = RunLog(tmp_path, dead_run_rollouts=3, use_tensorboard=False)  # --load, same dir
+    resumed.restore(saved)
+    resumed.metrics(2, FLAT)  # the third flat rollout in a row, across the restart
+    assert "WARNING: dead run: in the last 3 rollouts" in capsys.readouterr().err
+    lines = [json.loads(line) for line in resumed.metrics_path.read_text().splitlines()]
+    assert [line["run/flat_rollouts_in_a_row"] for line in lines] == [1, 2, 3]
+    # the run's elapsed time goes on from the checkpoint instead of restarting at 0
+    assert lines[1]["elapsed_s"] < 100.0 <= lines[2]["elapsed_s"]
+    # a checkpoint saved before the counters were kept resumes with them at 0
+    old = RunLog(tmp_path / "old", use_tensorboard=False)
+    old.restore({})
+    assert old.flat_rollouts == 0 and old.counters()["elapsed_s"] < 60
+
+
 def test_wandb_flags_defaults() -> None:
     run = parse_args(ENV).run
     assert (run.use_tensorboard, run.use_wandb) == (True, False)
