@@ -84,7 +84,8 @@ def make_rollout_context(config: RolloutConfig, engine: Engine, envs: EnvFactory
     """The shared context of a run's episodes, played by ``engine``.
 
     Checks that the chat template is token-exact with the env's tools
-    (``ChatRenderer.self_check``) and that the context length fits the engine.
+    (``ChatRenderer.self_check``) and that the context length fits the engine (and, with
+    ``--overlong-prompts cut``, a response turn).
 
     Raises:
         ConfigError: The model has no tokenizer, or a flag value does not fit it (context).
@@ -104,6 +105,10 @@ def make_rollout_context(config: RolloutConfig, engine: Engine, envs: EnvFactory
     if engine_limit is not None and limit > engine_limit:
         raise ConfigError(f"--rollout-max-context-len {limit} exceeds the model's context "
                           f"length {engine_limit}: lower it")
+    if config.overlong_prompts == "cut" and config.rollout_max_response_len >= limit:
+        raise ConfigError(f"--overlong-prompts cut leaves room for one --rollout-max-response-len "
+                          f"({config.rollout_max_response_len}) turn, which the context of {limit} "
+                          "tokens cannot hold: lower it or pass --rollout-max-context-len")
     return RolloutContext(config, engine, renderer, sampling_from_config(config, renderer), limit, envs)
 
 

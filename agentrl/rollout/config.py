@@ -17,6 +17,8 @@ EMBEDDED_SGLANG_ARGS = frozenset({"context-length"})
 COMPAT_SGLANG_ARGS = frozenset({"context-length", "max-running-requests", "random-seed"})
 """``--sglang-*`` settings agentrl's SGLang-compatible server takes."""
 BACKENDS = ("embedded", "sglang", "sglang-compat")
+OVERLONG_PROMPTS = ("skip", "cut")
+"""The choices of ``--overlong-prompts`` (see :mod:`agentrl.rollout.overlong`)."""
 
 
 def collect_sglang_args(tokens: list[str]) -> tuple[dict[str, str | None], list[str]]:
@@ -97,6 +99,12 @@ class RolloutConfig:
     rollout_max_context_len: int | None = option(None, "prompt + response tokens per sample "
                                                  "(default: the engine's context length)")
     rollout_max_response_len: int = option(256, "new tokens per assistant turn at most")
+    overlong_prompts: str = option("skip", "a prompt that leaves no room in "
+                                   "--rollout-max-context-len for a response: skip (its group is "
+                                   "not trained on; the row is reported with file and line) or "
+                                   "cut (the tail of its longest user message, leaving room for "
+                                   "one --rollout-max-response-len turn)",
+                                   choices=OVERLONG_PROMPTS)
     rollout_backend: str = option("embedded", "what serves the policy: embedded (agentrl's torch "
                                   "engine), sglang (SGLang servers: python -m sglang.launch_server, "
                                   "GPU), sglang-compat (agentrl's SGLang-compatible server over the "
@@ -171,6 +179,15 @@ class RolloutConfig:
                 f"--sglang-{unsupported[0]}: an SGLang server setting that --rollout-backend "
                 f"{self.rollout_backend} has no counterpart for; drop it (--rollout-backend sglang "
                 f"takes every --sglang-* flag; this one only --sglang-{', --sglang-'.join(sorted(allowed))})")
+        if self.overlong_prompts not in OVERLONG_PROMPTS:
+            raise ConfigError(f"--overlong-prompts must be one of {', '.join(OVERLONG_PROMPTS)}, "
+                              f"got {self.overlong_prompts!r}")
+        if (self.overlong_prompts == "cut" and self.rollout_max_context_len is not None
+                and self.rollout_max_response_len >= self.rollout_max_context_len):
+            raise ConfigError(
+                f"--overlong-prompts cut leaves room for one --rollout-max-response-len "
+                f"({self.rollout_max_response_len}) turn, which --rollout-max-context-len "
+                f"({self.rollout_max_context_len}) cannot hold: lower the first or raise the second")
         if self.rollout_backend not in BACKENDS:
             raise ConfigError(f"--rollout-backend must be one of {', '.join(BACKENDS)}, got "
                               f"{self.rollout_backend!r}")

@@ -13,6 +13,9 @@ Guarantees:
   stopped: the groups after a restart equal those of an uninterrupted run.
 * Malformed rows are skipped but never silently: each is logged with ``file:line``, the reason
   and the fix, and recorded in ``skipped_rows``. A file without a usable row is a ``DataError``.
+  Rows found unusable only once played (a prompt longer than the context: the renderer, and so
+  the token count, is known to the rollout, not here) come back through :meth:`skip_row`:
+  reported the same way, and not served again.
 * ``--streaming-data`` reads JSONL line by line and Parquet batch by batch, so memory does not
   grow with the file. Its shuffle is APPROXIMATE: a seeded shuffle buffer of
   ``--shuffle-buffer-size`` rows, so rows far apart in the file rarely swap. ``--num-data-workers
@@ -58,6 +61,7 @@ __all__ = [
     "as_rollout_config",
     "env_seed",
     "load_data_source",
+    "row_location",
 ]
 
 logger = logging.getLogger(__name__)
@@ -78,6 +82,19 @@ class SkippedRow:
     file: str
     line: int
     reason: str
+
+
+def row_location(source: Mapping[str, Any]) -> tuple[str, int]:
+    """Where a sample's row is (``sample.metadata["source"]``), as :class:`SkippedRow` names
+    it: ``(file, line)``, or ``("env <id> split <split>", task index + 1)``."""
+    if "file" in source:
+        return str(source["file"]), int(source["line"])
+    return f"env {source.get('env')} split {source.get('split')}", int(source.get("index", -1)) + 1
+
+
+def report_skipped(row: SkippedRow) -> None:
+    """Logs a skipped row (``skipping FILE:LINE: REASON``), the one way rows are reported."""
+    logger.warning("skipping %s:%d: %s", row.file, row.line, row.reason)
 
 
 def _check_count(num_samples: Any) -> None:
@@ -128,6 +145,9 @@ class RolloutDataSource:
         self.num_workers = self._positive(config.num_data_workers, "num_data_workers")
         self.shuffle_buffer_size = self._positive(config.shuffle_buffer_size, "shuffle_buffer_size")
         self.skipped_rows: list[SkippedRow] = []
+        self._excluded: dict[tuple[str, int], SkippedRow] = {}  # rows skip_row took out
+        self._served = 0  # records served since the epoch was opened
+        self._whole_epoch = True  # that epoch was opened at its first row (not resumed)
         self._epoch = 0
         self._position = 0
         self._offset = 0
@@ -251,7 +271,7 @@ class RolloutDataSource:
     def _skip(self, item: Item, file: str | None = None) -> None:
         skipped = SkippedRow(file or str(self._path), item.line, item.reason or "")
         self.skipped_rows.append(skipped)
-        logger.warning("skipping %s:%d: %s", skipped.file, skipped.line, skipped.reason)
+        report_skipped(skipped)
 
     # -- epochs --------------------------------------------------------------------------------
 
@@ -299,11 +319,16 @@ class RolloutDataSource:
     def _next_record(self) -> Record:
         while True:
             if self._iter is None:
+                self._whole_epoch, self._served = self._position == 0, 0
                 self._iter = self._open_epoch()
             item = next(self._iter, None)
             if item is None:
                 if not self._any_valid:  # guards against looping over a file emptied meanwhile
                     self._no_rows([])
+                if self._whole_epoch and not self._served and self._excluded:
+                    first = next(iter(self._excluded.values()))
+                    raise DataError(f"no row of {first.file} can be played: every usable one was "
+                                    f"skipped, e.g. line {first.line}: {first.reason}")
                 self._close_iter()
                 self._epoch += 1
                 self._position = self._offset = self._line = 0
@@ -315,7 +340,10 @@ class RolloutDataSource:
                 if self._epoch == 0:  # later epochs meet the same rows again: report once
                     self._skip(item, file=None if self._path is not None else self._where())
                 continue
+            if self._excluded and row_location(item.record.source) in self._excluded:
+                continue  # reported when it was taken out
             self._any_valid = True
+            self._served += 1
             return item.record
 
     def _close_iter(self) -> None:
@@ -400,6 +428,27 @@ class RolloutDataSource:
     def add_samples(self, samples: list[list[Sample]]) -> None:
         """Called with generated groups; this source does not keep them."""
 
+    def skip_row(self, source: Mapping[str, Any], reason: str) -> None:
+        """Takes the row a sample came from out of the data for the rest of the run.
+
+        The rollout calls it for a row found unusable once played (its prompt does not fit the
+        context). The row is reported as a malformed one is (logged with file and line,
+        recorded in :attr:`skipped_rows`), once, and is not served in later epochs (the
+        :meth:`state_dict` keeps it out after a resume too).
+
+        Args:
+            source: The sample's ``metadata["source"]``.
+            reason: What is wrong with the row and how to fix it.
+        """
+        location = row_location(source)
+        if location in self._excluded:
+            return
+        skipped = SkippedRow(*location, reason)
+        self.skipped_rows.append(skipped)
+        report_skipped(skipped)
+        if not self._seeds:  # a seed is never served twice: nothing to keep out
+            self._excluded[location] = skipped
+
     def state_dict(self) -> dict[str, Any]:
         """Where the source stands, as JSON-compatible data."""
         return {
@@ -413,6 +462,7 @@ class RolloutDataSource:
             "any_valid": self._any_valid,
             "num_skipped_rows": len(self.skipped_rows),
             "skipped_rows": [dataclasses.asdict(r) for r in self.skipped_rows],
+            "excluded_rows": [dataclasses.asdict(r) for r in self._excluded.values()],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -437,6 +487,10 @@ class RolloutDataSource:
         self._any_valid = self._any_valid or bool(state["any_valid"])
         if self.streaming:  # in memory, the rows skipped were found again at load time
             self.skipped_rows = [SkippedRow(**r) for r in state["skipped_rows"]]
+        excluded = [SkippedRow(**r) for r in state.get("excluded_rows", [])]
+        self._excluded = {(r.file, r.line): r for r in excluded}
+        if not self.streaming:  # load time cannot find these: the rollout did
+            self.skipped_rows += [r for r in excluded if r not in self.skipped_rows]
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes :meth:`state_dict` as JSON (atomically: a crash leaves the old file)."""

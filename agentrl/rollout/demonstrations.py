@@ -19,7 +19,9 @@ from typing import Any
 
 from agentrl.chat import ChatRenderer
 from agentrl.errors import DataError
+from agentrl.rollout.data import SkippedRow, report_skipped, row_location
 from agentrl.rollout.episode import Episode, RolloutContext, ScriptedTurns, oracle_policy
+from agentrl.rollout.overlong import OVERLONG_FINISH, prompt_ids_within
 from agentrl.rollout.sample import Sample, Status
 from agentrl.rollout.trajectory import Trajectory
 
@@ -83,10 +85,14 @@ async def demonstrations(ctx: RolloutContext, groups: Sequence[Sequence[Sample]]
 
     A demonstration that failed (the oracle or the env broke on that task) stays in the batch,
     so the batch keeps its size, with every loss-mask entry 0 (it has nothing to teach) and a
-    warning naming the task and the reason.
+    warning naming the task and the reason. One that does not fit the context (its prompt, or a
+    conversation longer than ``--rollout-max-context-len``, measured without tokenizing more
+    than the context holds) stays as a ``skipped`` sample without tokens, its row reported with
+    file and line.
 
     Raises:
-        DataError: Every demonstration failed (e.g. the env has no oracle); names the reason.
+        DataError: Every demonstration failed or was skipped (e.g. the env has no oracle);
+            names the reason.
     """
     out, failed = [], []
     for group in groups:
@@ -94,20 +100,48 @@ async def demonstrations(ctx: RolloutContext, groups: Sequence[Sequence[Sample]]
             prompt = sample.prompt
             if isinstance(prompt, list) and any(m.get("role") == "assistant" for m in prompt):
                 tools = sample.metadata.get("tools")
-                demo = conversation_sample(ctx.renderer, prompt, tools=tools, group_id=sample.group_id)
-                demo.index, demo.metadata = sample.index, {**sample.metadata, **demo.metadata}
+                demo = _conversation_within(ctx, sample, prompt, tools)
                 out.append(demo)
+                if demo.status is Status.SKIPPED:
+                    failed.append(demo)
                 continue
             demo = await oracle_sample(ctx, sample)
-            if demo.status is Status.FAILED:
+            if demo.status is Status.SKIPPED:  # no tokens: nothing to mask
+                failed.append(demo)
+            elif demo.status is Status.FAILED:
                 failed.append(demo)
                 demo.loss_mask = [0] * demo.response_length
                 log.warning("no oracle demonstration for task %s: %s",
                             demo.metadata.get("task_id"), demo.metadata.get("error"))
             out.append(demo)
+    skipped = {row_location(s.metadata.get("source") or {}): s for s in failed
+               if s.status is Status.SKIPPED}
+    for (file, line), demo in skipped.items():  # once per row, not per sample of its group
+        report_skipped(SkippedRow(file, line, str(demo.metadata.get("error", ""))))
     if failed and len(failed) == len(out):
         raise DataError(f"no demonstration could be played: {failed[0].metadata.get('error')}")
     return out
+
+
+def _conversation_within(ctx: RolloutContext, sample: Sample, messages: list[dict[str, Any]],
+                         tools: Sequence[Mapping[str, Any]] | None) -> Sample:
+    """:func:`conversation_sample` of ``messages`` for ``sample``, or ``sample`` itself, skipped,
+    when the conversation is longer than the context (then it is never tokenized whole)."""
+    assert ctx.renderer is not None
+    limit = ctx.max_context_len
+    found = prompt_ids_within(ctx.renderer, messages, tools, limit, generation_prompt=False)
+    if not isinstance(found, int):
+        demo = conversation_sample(ctx.renderer, messages, tools=tools, group_id=sample.group_id)
+        if len(demo.tokens) <= limit:  # the turn-by-turn encoding may differ by a token or two
+            demo.index, demo.metadata = sample.index, {**sample.metadata, **demo.metadata}
+            return demo
+        found = len(demo.tokens)
+    sample.tokens, sample.response_length, sample.loss_mask, sample.rollout_log_probs = [], 0, [], []
+    sample.status, sample.reward = Status.SKIPPED, 0.0
+    sample.metadata.update(finish=OVERLONG_FINISH, demonstration="conversation", error=(
+        f"the demonstration has at least {found} tokens, more than the context of {limit} "
+        "(--rollout-max-context-len); shorten it"))
+    return sample
 
 
 class DemoBatch:
@@ -120,4 +154,7 @@ class DemoBatch:
             "rollout/samples": float(len(samples)),
             "rollout/reward_mean": sum(rewards) / max(len(rewards), 1),
             "rollout/response_len_mean": sum(s.response_length for s in samples) / max(len(samples), 1),
+            "rollout/overlong_prompts": float(len({  # prompts, as a rollout counts them
+                row_location(s.metadata.get("source") or {}) for s in samples
+                if s.status is Status.SKIPPED})),
         }

@@ -22,6 +22,7 @@ no env: the engine stopped (stop token)    completed    ``stop``
 ``--max-turns`` reached (env truncated)    truncated    ``max_turns``
 a turn hit ``--rollout-max-response-len``  truncated    ``length``
 context full (``--rollout-max-context-len``) truncated  ``context``
+the prompt alone fills the context         skipped      ``overlong_prompt`` (not played)
 engine aborted the request                 aborted      ``abort`` (resumable)
 env, tool plumbing, policy or template     failed       ``error`` (``metadata["error"]``)
 crashed
@@ -31,6 +32,7 @@ crashed
 from __future__ import annotations
 
 import abc
+import asyncio
 import dataclasses
 import logging
 import threading
@@ -44,6 +46,7 @@ from agentrl.env import ToolEnv
 from agentrl.env.factory import EnvFactory
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.engine.base import Engine, SamplingParams
+from agentrl.rollout.overlong import OVERLONG_FINISH, fit_prompt
 from agentrl.rollout.rewards import RewardModels
 from agentrl.rollout.sample import Sample, Status, Turn
 from agentrl.rollout.trajectory import Trajectory
@@ -295,6 +298,10 @@ class Episode:
             await self._play()
         except Exception as exc:  # noqa: BLE001 - an env crash fails one sample, not the batch
             self.fail(exc)
+        except asyncio.CancelledError:  # the run is stopping: the env's sandbox goes with it
+            self._abort()
+            await asyncio.shield(self.close())
+            raise
         if self.done:
             if self.sample.reward is None:  # ended without a score (truncated, failed)
                 self.sample.reward = 0.0
@@ -304,8 +311,12 @@ class Episode:
     async def start(self) -> None:
         """Resets the env with the sample's task (or seed) and writes the prompt (and its ids).
 
-        Ends the episode at once (truncated, ``context``) when the prompt alone fills the
-        context.
+        A prompt that leaves no room for a response is measured without tokenizing more of it
+        than the context holds (:mod:`agentrl.rollout.overlong`). With ``--overlong-prompts
+        cut`` its longest user message is cut to fit (``metadata["prompt_cut"]``: characters
+        cut); otherwise, or when it cannot be cut, the episode ends at once: status
+        ``skipped``, finish ``overlong_prompt``, no tokens, the reason in
+        ``metadata["error"]``.
         """
         sample, renderer = self.sample, self.ctx.renderer
         self.started = True
@@ -326,12 +337,28 @@ class Episode:
         if renderer is None:
             sample.tokens = []
             return
-        sample.tokens = renderer.prompt_ids(self.history, self.tools)
-        self.trajectory = Trajectory(sample, renderer, self.ctx.max_context_len)
-        if len(sample.tokens) >= self.ctx.max_context_len:
-            self.finish(Status.TRUNCATED, "context")
-            sample.metadata["error"] = (f"the prompt has {len(sample.tokens)} tokens; "
-                                        f"--rollout-max-context-len is {self.ctx.max_context_len}")
+        limit, mode = self.ctx.max_context_len, self.ctx.config.overlong_prompts
+        fitted = fit_prompt(renderer, self.history, self.tools, limit, mode=mode,
+                            response_room=self.ctx.sampling.max_new_tokens)
+        if fitted.ids is None:
+            sample.tokens = []  # never the prompt's ids: they are what exhausts memory
+            why = f" and cannot be cut: {fitted.reason}" if mode == "cut" else ""
+            fix = "" if mode == "cut" else ", or pass --overlong-prompts cut"
+            sample.metadata["error"] = (
+                f"the prompt has at least {fitted.tokens} tokens (rendered with the chat "
+                f"template), leaving no room for a response in the context of {limit} "
+                f"(--rollout-max-context-len){why}; shorten it{fix}")
+            self.finish(Status.SKIPPED, OVERLONG_FINISH)
+            return
+        if fitted.cut_chars:
+            self.history = fitted.messages
+            # what the model sees; a text prompt stays text when it is the only message
+            one_text = isinstance(sample.prompt, str) and len(fitted.messages) == 1
+            sample.prompt = (fitted.messages[0]["content"] if one_text
+                             else [dict(m) for m in fitted.messages])
+            sample.metadata["prompt_cut"] = fitted.cut_chars
+        sample.tokens = fitted.ids
+        self.trajectory = Trajectory(sample, renderer, limit)
 
     async def next_turn(self, source: TurnSource | None = None) -> TurnOutput | None:
         """One assistant turn from ``source`` (default: the episode's), counted; ``None`` when
@@ -395,7 +422,7 @@ class Episode:
                 sample.metadata["weight_versions"] = list(self.trajectory.weight_versions)
         else:
             sample.response = self.last_text
-        if self.record_messages:
+        if self.record_messages and status is not Status.SKIPPED:  # a copy of a huge prompt
             messages = list(self.env.messages) if self.env is not None else list(self.history)
             if finish in ("length", "stop"):
                 # the last turn never reached an env: keep what the model wrote

@@ -7,6 +7,14 @@ submitted ``--over-sampling-batch-size`` at a time until ``--rollout-batch-size`
 passed; then the rest are stopped. With ``--partial-rollout`` the stopped groups go back to the
 data source's buffer and their episodes resume, envs still open, in a later rollout; without
 it they are closed and dropped (counted in the metrics).
+
+No sample longer than the context reaches the trainer. A group whose prompt does not fit
+(status ``skipped``, see :mod:`agentrl.rollout.overlong`) is dropped and another prompt is
+played in its place; its row is reported once with file and line (``data_source.skip_row``)
+and counted in ``rollout/overlong_prompts``. A group with a sample longer than
+``--rollout-max-context-len`` (a custom generate function's own tokens) is dropped likewise,
+counted in ``rollout/overlong_samples``. Evaluation keeps such groups (scored 0), so that an
+eval set is played whole, and reports them the same way.
 """
 
 from __future__ import annotations
@@ -19,10 +27,11 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentrl.errors import PluginError, RolloutFailedError
+from agentrl.errors import DataError, PluginError, RolloutFailedError
 from agentrl.eval.metrics import SUCCESS_REWARD
 from agentrl.plugins import load_plugin
 from agentrl.rollout.custom import load_custom_generate, run_custom_generate
+from agentrl.rollout.data import SkippedRow, report_skipped, row_location
 from agentrl.rollout.episode import Episode, RolloutContext
 from agentrl.rollout.sample import Sample, Status
 
@@ -104,6 +113,7 @@ class RolloutRunner:
         self.on_group_done: Callable[[list[Sample]], None] | None = None
         """Called with each group as it finishes (progress displays); kept or not."""
         self._semaphore = asyncio.Semaphore(ctx.config.rollout_concurrency)
+        self._first_overlong: str | None = None  # this rollout's first group too long to train on
 
     @classmethod
     def from_context(cls, ctx: RolloutContext, data_source: Any, *, evaluation: bool = False
@@ -128,47 +138,39 @@ class RolloutRunner:
 
         Returns:
             The batch. Failed samples are included (status ``failed``, reward 0.0): the trainer
-            decides what to do with them.
+            decides what to do with them. No sample in it is longer than the context.
+
+        Raises:
+            DataError: Too few groups fit the context to fill a training batch (the prompts
+                are too long); names the first such row.
         """
         config = self.ctx.config
         target = num_groups or config.rollout_batch_size
         step = submit_size or config.over_sampling_batch_size or target
         max_groups = max(target, config.dynamic_sampling_max_groups or 8 * target)
         self.ctx.stopping.clear()
-        counts: collections.Counter[str] = collections.Counter()
+        self._first_overlong = None
+        counts: collections.Counter[str] = collections.Counter(overlong_prompts=0, overlong_samples=0)
         kept: list[list[Sample]] = []
         rejected: list[list[Sample]] = []
-        pending: set[asyncio.Task[list[Sample]]] = set()
         surplus: list[list[Sample]] = []
-        submitted = 0
+        pending: set[asyncio.Task[list[Sample]]] = set()
         started = asyncio.get_running_loop().time()
-        while len(kept) < target:
-            while len(kept) + len(pending) < target and submitted < max_groups:
-                groups = self.data_source.get_samples(min(step, max_groups - submitted))
-                if not groups:
-                    break
-                for group in groups:
-                    rid = f"r{rollout_id}-g{group[0].group_id}"
-                    pending.add(asyncio.create_task(self._play_group(group, rid)))
-                submitted += len(groups)
-            if not pending:
-                break
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            surplus: list[list[Sample]] = []
-            for task in done:
-                group = task.result()
-                if self.on_group_done is not None:
-                    self.on_group_done(group)
-                if len(kept) >= target:
-                    surplus.append(group)
-                elif self._passes(group):
-                    kept.append(group)
-                else:
-                    rejected.append(group)
-                    counts["filtered_groups"] += 1
+        try:
+            submitted = await self._collect(rollout_id, target, step, max_groups, pending,
+                                            kept, rejected, surplus, counts)
+        except BaseException:
+            # interrupted (a signal, a failing plug-in): no episode may outlive the rollout
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            raise
         leftovers = surplus + await self._stop(pending, f"r{rollout_id}-")
         for group in leftovers:
             unfinished = any(s.status is Status.ABORTED for s in group)
+            if not unfinished and not self._fits(group, counts):
+                await self._discard(group)
+                continue
             if unfinished:
                 counts["aborted_groups"] += 1
             elif self._passes(group):
@@ -181,6 +183,12 @@ class RolloutRunner:
                 counts["groups_to_buffer"] += 1
             else:
                 await self._discard(group)
+        if len(kept) < target and not self.evaluation and self._first_overlong is not None:
+            raise DataError(
+                f"only {len(kept)} of {target} groups fit the context after {submitted} prompts: "
+                f"{counts['overlong_prompts']} prompts and {counts['overlong_samples']} samples "
+                f"were too long, the first {self._first_overlong}; shorten the prompts, raise "
+                "--rollout-max-context-len or pass --overlong-prompts cut")
         if len(kept) < target and rejected:
             missing = target - len(kept)
             log.warning("dynamic sampling: only %d of %d groups passed the filter after %d groups; "
@@ -200,6 +208,73 @@ class RolloutRunner:
             await episode.close()
 
     # -- internals ---------------------------------------------------------------------------
+
+    async def _collect(self, rollout_id: int | str, target: int, step: int, max_groups: int,
+                       pending: set[asyncio.Task[list[Sample]]], kept: list[list[Sample]],
+                       rejected: list[list[Sample]], surplus: list[list[Sample]],
+                       counts: collections.Counter[str]) -> int:
+        """Submits groups and sorts finished ones into ``kept`` / ``rejected`` / ``surplus``
+        until ``target`` are kept (or ``max_groups`` were submitted); returns how many were
+        submitted. ``pending`` is updated in place, so the caller can stop what still runs."""
+        submitted = 0
+        while len(kept) < target:
+            while len(kept) + len(pending) < target and submitted < max_groups:
+                groups = self.data_source.get_samples(min(step, max_groups - submitted))
+                if not groups:
+                    break
+                for group in groups:
+                    rid = f"r{rollout_id}-g{group[0].group_id}"
+                    pending.add(asyncio.create_task(self._play_group(group, rid)))
+                submitted += len(groups)
+            if not pending:
+                break
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            pending.difference_update(done)
+            surplus.clear()
+            for task in done:
+                group = task.result()
+                if self.on_group_done is not None:
+                    self.on_group_done(group)
+                if not self._fits(group, counts):
+                    await self._discard(group)
+                    continue
+                if len(kept) >= target:
+                    surplus.append(group)
+                elif self._passes(group):
+                    kept.append(group)
+                else:
+                    rejected.append(group)
+                    counts["filtered_groups"] += 1
+        return submitted
+
+    def _fits(self, group: list[Sample], counts: collections.Counter[str]) -> bool:
+        """Whether ``group`` may be trained on: no prompt too long for the context (its row is
+        reported once, through the data source) and no sample longer than the context.
+        Counts and reports the group otherwise; an evaluation keeps it all the same."""
+        skipped = next((s for s in group if s.status is Status.SKIPPED), None)
+        limit = self.ctx.max_context_len
+        oversized = [s for s in group if len(s.tokens) > limit]
+        if skipped is None and not oversized:
+            return True
+        first = skipped or oversized[0]
+        file, line = row_location(first.metadata.get("source") or {})
+        if skipped is not None:
+            counts["overlong_prompts"] += 1
+            reason = str(skipped.metadata.get("error", "the prompt does not fit the context"))
+            skip_row = getattr(self.data_source, "skip_row", None)  # plug-in sources may lack it
+            if callable(skip_row):
+                skip_row(skipped.metadata.get("source") or {}, reason)
+            else:
+                report_skipped(SkippedRow(file, line, reason))
+        if oversized:
+            counts["overlong_samples"] += len(oversized)
+            log.warning("group %s (row %s:%d) has %d samples longer than the context of %d "
+                        "tokens (the longest: %d); %s", group[0].group_id, file, line,
+                        len(oversized), limit, max(len(s.tokens) for s in oversized),
+                        "kept for evaluation" if self.evaluation else "not trained on")
+        if self._first_overlong is None:
+            self._first_overlong = f"{file}:{line}"
+        return self.evaluation
 
     def _passes(self, group: list[Sample]) -> bool:
         if self.group_filter is None:

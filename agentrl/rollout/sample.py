@@ -21,7 +21,9 @@ class Status(enum.StrEnum):
     ``stop``). ``truncated``: cut by a limit (``--max-turns``, the context budget, engine finish
     reason ``length``). ``aborted``: the engine aborted the request (weight update, partial
     rollout, shutdown); it may be resumed. ``failed``: the env, a tool or the reward function
-    crashed; ``metadata["error"]`` says why. ``pending``: not generated yet.
+    crashed; ``metadata["error"]`` says why. ``skipped``: never played, as its prompt leaves
+    no room in the context for a response (``--overlong-prompts``); it has no tokens, and a
+    training rollout replaces its group. ``pending``: not generated yet.
     """
 
     PENDING = "pending"
@@ -29,6 +31,7 @@ class Status(enum.StrEnum):
     TRUNCATED = "truncated"
     ABORTED = "aborted"
     FAILED = "failed"
+    SKIPPED = "skipped"
 
 
 @dataclasses.dataclass
