@@ -14,13 +14,20 @@ embedded engine serves rollouts in this process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 
-from agentrl.errors import AgentRLError
+from agentrl.errors import AgentRLError, RunInterrupted
 from agentrl.eval.runner import run_evaluation
-from agentrl.orchestration.checkpoints import checkpoint_folder, latest_checkpoint, mark_latest
+from agentrl.orchestration.checkpoints import (
+    checkpoint_folder,
+    latest_checkpoint,
+    mark_latest,
+    resume_advice,
+)
 from agentrl.orchestration.cluster import TrainerGroup
 from agentrl.orchestration.flags import parse_args
+from agentrl.orchestration.interrupts import StopOnSignals
 from agentrl.orchestration.run_log import RunLog
 from agentrl.orchestration.serving import start_policy
 from agentrl.orchestration.weights import weight_sync_for
@@ -32,66 +39,80 @@ from agentrl.rollout.demonstrations import DemoBatch, demonstrations
 async def main(argv: list[str]) -> None:
     args = parse_args(argv)
     rollout, trainer, run = args.rollout, args.trainer, args.run
-    log = RunLog.from_config(args)
-    envs = env_factory(rollout)  # every env of the run: rollouts, data, eval (one sandbox pool)
-    data = load_data_source(rollout, envs)  # the prompts: read and checked before anything heavy
-
-    # the policy: trained with Megatron (Ray ranks, or this process), served by the engine
-    checkpoint = policy_checkpoint(rollout)  # --hf-checkpoint, or the built-in tiny model
-    actor, engine = await start_policy(args, checkpoint)
-    weights = weight_sync_for(engine, actor, run.weight_sync, run.output_dir)  # chosen once
-    ctx = make_rollout_context(rollout, engine, envs)
-    runner = RolloutRunner.from_context(ctx, data)
-    runner.on_group_done = log.progress.group_done
     save_root = trainer.save or f"{run.output_dir}/checkpoints"
-    start = 0
-    if trainer.load:
-        folder = latest_checkpoint(trainer.load)
-        start = int(actor.load_checkpoint(folder).get("next_rollout", 0))
-        data.load(folder / "data.json")
-        await weights.push(version=str(start))
-        print(f"resumed from {folder} at rollout {start}")
+    where = ["start-up"]  # what the run is doing, for the message if a signal stops it
+    # Everything opened below is closed in reverse order on the way out: at the end, on an
+    # error, and on Ctrl-C / SIGTERM (StopOnSignals turns the first into a clean stop).
+    with StopOnSignals(describe=lambda: where[0], advice=lambda: resume_advice(save_root, argv),
+                       prog="train.py") as stop:
+        async with contextlib.AsyncExitStack() as closing:
+            log = closing.enter_context(RunLog.from_config(args))
+            envs = env_factory(rollout)  # every env of the run: rollouts, data, eval (one sandbox pool)
+            if envs is not None:
+                closing.push_async_callback(envs.aclose)
+            data = load_data_source(rollout, envs)  # the prompts: read and checked before anything heavy
 
-    for rollout_id in range(start, run.num_rollout):
-        log.progress.rollout_started(rollout_id)
-        if run.eval_interval and rollout_id % run.eval_interval == 0:
-            with log.stage("eval"):
-                log.eval(rollout_id, await run_evaluation(ctx, rollout_id))
-        with log.stage("rollout"):
-            if trainer.loss_type == "sft_loss":  # a supervised warm start on demonstrations
-                batch = DemoBatch(await demonstrations(ctx, data.get_samples(rollout.rollout_batch_size)))
-            else:
-                batch = await runner.generate(rollout_id)
-                batch.check_failures(run.max_failed_fraction)  # stops a run that would learn nothing
-        with log.stage("train"):
-            if args.cluster.colocate:  # engines free their KV cache while the trainer shares the device
-                await engine.release_memory()
-            train_metrics = actor.train(batch.samples)
-        if (rollout_id + 1) % run.update_weights_interval == 0:
-            with log.stage("weight_sync"):
-                await weights.push(version=str(rollout_id + 1))
-        if run.save_trajectories:
-            log.samples(rollout_id, batch.samples)
-        last = rollout_id + 1 == run.num_rollout  # the end of the run is always saved
-        if last or (trainer.save_interval and (rollout_id + 1) % trainer.save_interval == 0):
-            with log.stage("save"):
-                folder = checkpoint_folder(save_root, rollout_id + 1)
-                actor.save_checkpoint(folder, extra={"next_rollout": rollout_id + 1})
-                data.save(folder / "data.json")
-                mark_latest(save_root, folder)
-                if trainer.save_hf:
-                    actor.save_hf(f"{trainer.save_hf}/rollout_{rollout_id + 1:05d}", tokenizer_dir=checkpoint)
-        log.metrics(rollout_id, {**batch.metrics, **{f"train/{k}": v for k, v in train_metrics.items()}})
+            # the policy: trained with Megatron (Ray ranks, or this process), served by the engine
+            checkpoint = policy_checkpoint(rollout)  # --hf-checkpoint, or the built-in tiny model
+            actor, engine = await start_policy(args, checkpoint, closing)
+            if isinstance(actor, TrainerGroup):  # a signal to the whole process group stops Ray too
+                stop.watch(actor.ray_lost, "Ray's own processes were stopped by the same signal")
+            weights = weight_sync_for(engine, actor, run.weight_sync, run.output_dir)  # chosen once
+            ctx = make_rollout_context(rollout, engine, envs)
+            runner = RolloutRunner.from_context(ctx, data)
+            closing.push_async_callback(runner.close)
+            runner.on_group_done = log.progress.group_done
+            start = 0
+            if trainer.load:
+                folder = latest_checkpoint(trainer.load)
+                extra = actor.load_checkpoint(folder)
+                start = int(extra.get("next_rollout", 0))
+                log.restore(extra.get("run_log", {}))  # the dead-run count and elapsed time go on
+                data.load(folder / "data.json")
+                await weights.push(version=str(start))
+                print(f"resumed from {folder} at rollout {start}")
 
-    if run.eval_interval:
-        log.eval(run.num_rollout, await run_evaluation(ctx, run.num_rollout))
-    await runner.close()
-    await engine.close()
-    if envs is not None:
-        await envs.aclose()
-    log.close()
-    if isinstance(actor, TrainerGroup):
-        actor.shutdown()
+            for rollout_id in range(start, run.num_rollout):
+                log.progress.rollout_started(rollout_id)
+                where[0] = f"rollout {rollout_id}"
+                if run.eval_interval and rollout_id % run.eval_interval == 0:
+                    with log.stage("eval"):
+                        log.eval(rollout_id, await run_evaluation(ctx, rollout_id))
+                with log.stage("rollout"):
+                    if trainer.loss_type == "sft_loss":  # a supervised warm start on demonstrations
+                        batch = DemoBatch(await demonstrations(ctx, data.get_samples(rollout.rollout_batch_size)))
+                    else:
+                        batch = await runner.generate(rollout_id)
+                        batch.check_failures(run.max_failed_fraction)  # stops a run that would learn nothing
+                where[0] = f"rollout {rollout_id} (training)"
+                with log.stage("train"):
+                    if args.cluster.colocate:  # engines free their KV cache while the trainer shares the device
+                        await engine.release_memory()
+                    # in a thread: the loop stays free to react to a signal during a long step
+                    train_metrics = await asyncio.to_thread(actor.train, batch.samples)
+                if (rollout_id + 1) % run.update_weights_interval == 0:
+                    with log.stage("weight_sync"):
+                        await weights.push(version=str(rollout_id + 1))
+                if run.save_trajectories:
+                    log.samples(rollout_id, batch.samples)
+                last = rollout_id + 1 == run.num_rollout  # the end of the run is always saved
+                if last or (trainer.save_interval and (rollout_id + 1) % trainer.save_interval == 0):
+                    # no await in here: a signal during a save takes effect once it is sealed
+                    where[0] = f"rollout {rollout_id} (saving)"
+                    with log.stage("save"):
+                        folder = checkpoint_folder(save_root, rollout_id + 1)
+                        # this rollout's metrics are recorded after the save: counted as if done
+                        actor.save_checkpoint(folder, extra={"next_rollout": rollout_id + 1,
+                                                             "run_log": log.counters(batch.metrics)})
+                        data.save(folder / "data.json")
+                        mark_latest(save_root, folder)
+                        if trainer.save_hf:
+                            actor.save_hf(f"{trainer.save_hf}/rollout_{rollout_id + 1:05d}", tokenizer_dir=checkpoint)
+                log.metrics(rollout_id, {**batch.metrics, **{f"train/{k}": v for k, v in train_metrics.items()}})
+
+            if run.eval_interval:
+                where[0] = "the final evaluation"
+                log.eval(run.num_rollout, await run_evaluation(ctx, run.num_rollout))
     print(f"done: metrics {log.metrics_path}, trajectories {log.trajectories}/, checkpoints "
           f"{save_root}/ (continue with --load {save_root})")
 
@@ -99,5 +120,8 @@ async def main(argv: list[str]) -> None:
 if __name__ == "__main__":
     try:
         asyncio.run(main(sys.argv[1:]))
+    except RunInterrupted as exc:  # Ctrl-C / SIGTERM: cleaned up; say where it stopped
+        print(f"train.py: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
     except AgentRLError as exc:  # a user-facing problem (config, data, plug-in): say it plainly
         sys.exit(f"train.py: error: {exc}")

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from agentrl.config import parse_pairs, unknown_flags_message
 from agentrl.env import check_env, env_spec, import_env_module, list_envs
-from agentrl.errors import AgentRLError
+from agentrl.errors import AgentRLError, RunInterrupted
 
 
 def _cmd_list_envs(args: argparse.Namespace) -> int:
@@ -89,6 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             subparsers.choices[args.command], unknown))
     try:
         return args.func(args)
+    except RunInterrupted as exc:  # Ctrl-C / SIGTERM: cleaned up; one line says what stopped
+        print(f"agentrl: {exc}", file=sys.stderr)
+        return exc.exit_code
     except AgentRLError as exc:
         print(f"agentrl: error: {exc}", file=sys.stderr)
         return 1

@@ -82,6 +82,21 @@ class RolloutFailedError(AgentRLError):
     """Too many samples of a rollout failed to train on (``--max-failed-fraction``)."""
 
 
+class RunInterrupted(AgentRLError):
+    """A run was stopped by SIGINT or SIGTERM and has cleaned up; the message says what was
+    interrupted and how to continue.
+
+    Attributes:
+        signal_name: ``SIGINT`` or ``SIGTERM``.
+        exit_code: The status to exit with: 128 + the signal's number, as a shell reports it.
+    """
+
+    def __init__(self, message: str, *, signal_name: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.signal_name = signal_name
+        self.exit_code = exit_code
+
+
 class PluginError(AgentRLError):
     """A user plug-in (``--custom-generate-function-path``, ``--custom-rm-path``, a filter)
     cannot be loaded or has the wrong form."""

@@ -94,18 +94,31 @@ async def evaluate(rollout: RolloutConfig, evaluation: EvalConfig
         ``(summary, groups)``: the summary ``{"env", "policy", "split", "sets": {name:
         metrics}}`` (what ``--output`` holds) and each set's played groups of samples.
     """
-    from agentrl.eval.runner import EvalSet, eval_sets, evaluate_sets
-    from agentrl.rollout.build import (
-        env_factory,
-        load_policy_engine,
-        make_rollout_context,
-        scripted_context,
-    )
-    from agentrl.rollout.episode import SCRIPTED_POLICIES, ScriptedTurns
+    from agentrl.eval.runner import EvalSet, eval_sets
+    from agentrl.orchestration.interrupts import StopOnSignals
+    from agentrl.rollout.build import env_factory
 
     envs = env_factory(rollout)
     assert envs is not None
     sets = eval_sets(rollout) or [EvalSet(str(rollout.env), None, rollout.env, evaluation.split)]
+    stop = StopOnSignals(describe=lambda: f"the evaluation of {evaluation.policy}",
+                         advice=lambda: "nothing was written (results are written when every set "
+                         "is done); run the command again")
+    with stop:  # Ctrl-C / SIGTERM: episodes, sandboxes and the engine are closed, then one line
+        results = await _play_sets(rollout, evaluation, envs, sets)
+    summary = {"env": rollout.env, "policy": results[1], "split": evaluation.split,
+               "sets": {name: metrics for name, (metrics, _) in results[0].items()}}
+    return summary, {name: groups for name, (_, groups) in results[0].items()}
+
+
+async def _play_sets(rollout: RolloutConfig, evaluation: EvalConfig, envs: Any, sets: list[Any]
+                     ) -> tuple[dict[str, tuple[dict[str, Any], list[list[Sample]]]], str]:
+    """Plays ``sets`` with the policy; returns each set's (metrics, groups) and the policy's
+    label. Closes the engine and the envs' sandboxes however it ends."""
+    from agentrl.eval.runner import evaluate_sets
+    from agentrl.rollout.build import load_policy_engine, make_rollout_context, scripted_context
+    from agentrl.rollout.episode import SCRIPTED_POLICIES, ScriptedTurns
+
     engine = None
     try:
         if evaluation.policy == "model":
@@ -116,14 +129,11 @@ async def evaluate(rollout: RolloutConfig, evaluation: EvalConfig
             turns = ScriptedTurns(SCRIPTED_POLICIES[evaluation.policy], evaluation.policy)
             ctx = scripted_context(rollout, turns, envs)
             label = evaluation.policy
-        results = await evaluate_sets(ctx, sets, "eval")
+        return await evaluate_sets(ctx, sets, "eval"), label
     finally:
         if engine is not None:
             await engine.close()
         await envs.aclose()
-    summary = {"env": rollout.env, "policy": label, "split": evaluation.split,
-               "sets": {name: metrics for name, (metrics, _) in results.items()}}
-    return summary, {name: groups for name, (_, groups) in results.items()}
 
 
 def run_eval(namespace: argparse.Namespace) -> int:

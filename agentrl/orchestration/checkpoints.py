@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agentrl.errors import ConfigError
 
 __all__ = ["DATA_FILE", "MANIFEST", "checkpoint_folder", "checkpoint_problem",
-           "latest_checkpoint", "mark_latest"]
+           "latest_checkpoint", "mark_latest", "resume_advice"]
 
 MANIFEST = "manifest.json"
 """``{"files": {relative path: size in bytes}}`` of a sealed checkpoint."""
@@ -132,6 +133,25 @@ def latest_checkpoint(root: str | Path, report: Callable[[str], None] | None = _
             report(f"--load: checkpoint {folder} is damaged and skipped: {problem}")
     raise ConfigError(f"--load {str(root)!r}: no complete checkpoint there ("
                       + "; ".join(skipped) + "); pass another --load, or drop it to start afresh")
+
+
+def resume_advice(root: str | Path, argv: Sequence[str], prog: str = "train.py") -> str:
+    """How to continue a stopped run: the newest complete checkpoint under ``root`` and the
+    command line (``argv`` with ``--load root``), or that there is none yet."""
+    try:
+        folder = latest_checkpoint(root, report=None)
+    except ConfigError:
+        return f"no complete checkpoint under {root} yet: a new run starts from the beginning"
+    rest, skip = [], False
+    for arg in argv:  # the same flags, but --load pointing at this run's checkpoints
+        if skip:
+            skip = False
+        elif arg == "--load":
+            skip = True
+        elif not arg.startswith("--load="):
+            rest.append(arg)
+    command = shlex.join(["python", prog, *rest, "--load", str(root)])
+    return f"newest complete checkpoint: {folder}; continue with: {command}"
 
 
 def _candidates(root: Path) -> list[Path]:

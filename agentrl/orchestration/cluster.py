@@ -112,8 +112,14 @@ class ClusterConfig:
 
 def start_ray(config: ClusterConfig) -> None:
     """Starts Ray locally (small object store, no dashboard) or joins ``--ray-address``."""
+    # Ray's C++ failure-signal handler would take SIGTERM over from the run's own handler
+    # (agentrl.orchestration.interrupts) and end the driver with a stack dump instead of a clean
+    # stop. Ray reads the switch when it is imported, and again when the driver connects.
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     import ray
+    from ray._private import ray_constants
 
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
     if ray.is_initialized():
         return
     if config.ray_address:
@@ -194,6 +200,7 @@ class TrainerGroup:
         self._placed: concurrent.futures.Future[None] | None = None
         self._stop = threading.Event()
         self._owns_ray = start_ray_here
+        self._stopping = False
         if not start_ray_here:
             self._place(trainer_config, actor_kwargs)
             return
@@ -316,15 +323,67 @@ class TrainerGroup:
         return self._all("save_hf", str(out_dir), str(tokenizer_dir) if tokenizer_dir else None)
 
     def shutdown(self) -> None:
-        """Stops the ranks and frees the placement group."""
+        """Stops the ranks and frees the placement group; also while the ranks still build
+        their models (a start-up that failed or was interrupted). Idempotent."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        self.ready()
-        for rank in self.ranks:
-            ray.kill(rank)
-        self.ranks = []
-        remove_placement_group(self.placement)
-        if self._owns_ray:  # before its thread ends, which takes Ray's processes with it
+        self._stopping = True
+        placed, self._placed = self._placed, None
+        if placed is not None:
+            try:
+                placed.result()  # Ray's start in its thread: wait for it, to stop what it made
+            except BaseException:  # noqa: BLE001 - it failed: nothing of ours runs in Ray
+                self._stop.set()
+                return
+        self._setup = None  # their set-up dies with them
+        ranks, self.ranks = self.ranks, []
+        placement, self.placement = self.placement, None
+
+        def stop_ranks() -> None:
+            for rank in ranks:
+                ray.kill(rank)
+            if placement is not None:
+                remove_placement_group(placement)
+
+        # A signal sent to the whole process group (a scheduler's SIGTERM) stops Ray's own
+        # processes too; then every call to Ray waits a minute for them. Skip the calls when
+        # Ray's control process is gone, and give up on them after a while when it is dying.
+        answers = _local_ray_alive()
+        if answers:
+            stopper = threading.Thread(target=stop_ranks, name="agentrl-ray-stop", daemon=True)
+            stopper.start()
+            stopper.join(RAY_STOP_TIMEOUT_S)
+            answers = not stopper.is_alive()
+        if self._owns_ray and ray.is_initialized():  # before its thread ends, which takes Ray's processes with it
+            if not (answers and _local_ray_alive()):
+                ray._private.worker._global_node.kill_all_processes(check_alive=False,
+                                                                   allow_graceful=False)
             ray.shutdown()
         self._stop.set()
+
+    def ray_lost(self) -> bool:
+        """Whether the local Ray instance the ranks run in died under the run (its control
+        processes are gone; a signal to the whole process group does that), as opposed to
+        being stopped by :meth:`shutdown`. Safe to call from any thread."""
+        import ray
+
+        return not self._stopping and ray.is_initialized() and not _local_ray_alive()
+
+
+RAY_STOP_TIMEOUT_S = 15.0
+"""How long stopping the ranks may take before the run gives up on Ray (it is dying too)."""
+
+
+def _local_ray_alive() -> bool:
+    """Whether Ray answers: a joined cluster is assumed to; a local instance this process
+    started only while its GCS server and raylet processes run."""
+    import ray
+
+    if not ray.is_initialized():
+        return False
+    node = ray._private.worker._global_node
+    if node is None:  # joined a cluster: its processes are not ours to check
+        return True
+    control = [*node.all_processes.get("gcs_server", []), *node.all_processes.get("raylet", [])]
+    return all(info.process.poll() is None for info in control)

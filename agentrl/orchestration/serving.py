@@ -10,6 +10,7 @@ starts, so the first rollout begins before the trainer is ready.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,15 @@ from agentrl.trainer.protocol import Trainer
 __all__ = ["serve_policy", "start_policy", "start_trainer"]
 
 
-async def start_policy(args: Args, checkpoint: str | Path) -> tuple[Trainer, Engine]:
+async def start_policy(args: Args, checkpoint: str | Path,
+                       closing: contextlib.AsyncExitStack) -> tuple[Trainer, Engine]:
     """The trainer and the engine, both starting from ``checkpoint``.
+
+    Args:
+        args: The run's flags.
+        checkpoint: The Hugging Face folder both start from.
+        closing: Gets the trainer's shutdown and the engine's close as soon as each exists,
+            so that an error or an interrupt while the other still starts stops both.
 
     Returns:
         ``(trainer, engine)``: a :class:`TrainerGroup` of Ray ranks (or one
@@ -31,12 +39,15 @@ async def start_policy(args: Args, checkpoint: str | Path) -> tuple[Trainer, Eng
         the rollout's engine.
     """
     rollout, cluster = args.rollout, args.cluster
-    if rollout.rollout_backend == "embedded" and not cluster.engine_actors:
-        # the engine needs nothing of the trainer's: it loads while Ray and the ranks start
-        trainer = start_trainer(args, checkpoint, in_background=not cluster.ray_address)
-        return trainer, await serve_policy(rollout, cluster, checkpoint)
-    trainer = start_trainer(args, checkpoint)
-    return trainer, await serve_policy(rollout, cluster, checkpoint, trainer=trainer)
+    # the embedded engine needs nothing of the trainer's: it loads while Ray and the ranks start
+    background = (rollout.rollout_backend == "embedded" and not cluster.engine_actors)
+    trainer = start_trainer(args, checkpoint, in_background=background and not cluster.ray_address)
+    if isinstance(trainer, TrainerGroup):
+        closing.callback(trainer.shutdown)
+    engine = await serve_policy(rollout, cluster, checkpoint,
+                                trainer=None if background else trainer)
+    closing.push_async_callback(engine.close)
+    return trainer, engine
 
 
 def start_trainer(args: Args, checkpoint: str | Path, *, in_background: bool = False) -> Trainer:

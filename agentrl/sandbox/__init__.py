@@ -28,7 +28,13 @@ from agentrl.sandbox.base import (
 )
 from agentrl.sandbox.bwrap import BwrapSandbox
 from agentrl.sandbox.local import ProcessSandbox
-from agentrl.sandbox.pool import SandboxPool, SandboxPools, reap_leftovers
+from agentrl.sandbox.pool import (
+    SandboxPool,
+    SandboxPools,
+    note_sandbox_made,
+    reap_leftovers,
+    reap_own_at_exit,
+)
 
 BACKENDS = ("auto", "bwrap", "docker", "process")
 
@@ -66,6 +72,7 @@ def create_sandbox(backend: str = "auto", limits: Limits | None = None, **option
         **options: Backend options (docker: ``image``, ``docker_host``, ``labels``).
     """
     name = resolve_backend(backend)
+    note_sandbox_made(name, options.get("docker_host"))  # what is left at exit is removed then
     if name == "bwrap":
         return BwrapSandbox(limits, **options)
     if name == "process":
@@ -99,5 +106,6 @@ __all__ = [
     "ShellSession",
     "create_sandbox",
     "reap_leftovers",
+    "reap_own_at_exit",
     "resolve_backend",
 ]

@@ -10,7 +10,7 @@ import random
 import signal
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 UID_BASE = 200_000
 """First uid handed to sandboxes when running as root (one uid per live sandbox)."""
@@ -67,20 +67,22 @@ def release_uid(uid: int) -> None:
         os.unlink(os.path.join(_claims_dir(), str(uid)))
 
 
-def claim_owner_alive(path: str) -> bool:
-    """Whether the process that claimed the uid at ``path`` still runs (unreadable: assume so)."""
+def claim_owner_alive(path: str, gone: Callable[[int], bool] | None = None) -> bool:
+    """Whether the process that claimed the uid at ``path`` still runs (unreadable: assume so).
+    ``gone(pid)`` decides instead of :func:`pid_alive` when given."""
     try:
         with open(path) as f:
-            return pid_alive(int(f.read().strip() or "0"))
+            pid = int(f.read().strip() or "0")
     except (OSError, ValueError):
         return True
+    return not gone(pid) if gone is not None else pid_alive(pid)
 
 
-def stale_claims() -> list[int]:
-    """Uids claimed by processes that no longer exist."""
+def stale_claims(gone: Callable[[int], bool] | None = None) -> list[int]:
+    """Uids claimed by processes that no longer exist (or that ``gone(pid)`` says are gone)."""
     claims = _claims_dir()
     return [int(name) for name in os.listdir(claims)
-            if name.isdigit() and not claim_owner_alive(os.path.join(claims, name))]
+            if name.isdigit() and not claim_owner_alive(os.path.join(claims, name), gone)]
 
 
 def become_subreaper() -> None:

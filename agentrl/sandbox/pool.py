@@ -7,7 +7,10 @@ started sandboxes wait ready, so acquiring one is a queue pop rather than a cont
 
 Leftovers of crashed runs (workspaces, mounts and processes of local backends whose owner pid
 is dead; containers labelled with a dead owner pid) are removed by :func:`reap_leftovers`, which
-the pool runs when it starts.
+the pool runs when it starts. A process that made sandboxes also reaps its own at exit
+(:func:`reap_own_at_exit`, installed by :func:`agentrl.sandbox.create_sandbox`), so a run
+stopped by a signal or an exception leaves nothing behind even when its episodes never got to
+close their sandboxes.
 
 :class:`SandboxPools` holds the pools of one run (one per backend, limits and options), made on
 first use; every env of the run receives the same one, so admission control spans the run.
@@ -16,6 +19,7 @@ first use; every env of the run receives the same one, so admission control span
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import dataclasses
 import json
@@ -24,7 +28,7 @@ import os
 import shutil
 import subprocess
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 from agentrl.sandbox import _procs
@@ -303,7 +307,8 @@ def _default_creator() -> SandboxCreator:
     return create_sandbox
 
 
-def reap_leftovers() -> dict[str, int]:
+def reap_leftovers(*, own: bool = False, docker_hosts: Iterable[str | None] | None = None
+                   ) -> dict[str, int]:
     """Removes what sandboxes of dead agentrl processes left behind.
 
     Local backends: workspaces named ``ws-<pid>-...`` under the sandbox root whose pid is gone
@@ -311,38 +316,78 @@ def reap_leftovers() -> dict[str, int]:
     processes (then the claims). Docker: containers labelled ``agentrl.sandbox=1`` whose
     ``agentrl.owner_pid`` is gone (only when a daemon answers).
 
+    Args:
+        own: Also remove this process's own sandboxes (it is about to exit: nothing of it may
+            outlive it).
+        docker_hosts: The Docker daemons to clean (``None`` in it: the default one); default:
+            the default daemon.
+
     Returns:
         Counts of what was removed, by kind.
     """
+    me = os.getpid()
+
+    def gone(pid: int) -> bool:
+        return (own and pid == me) or not _procs.pid_alive(pid)
+
     removed = {"workspaces": 0, "uids": 0, "containers": 0}
     root = _procs.sandbox_root()
+    if _procs.IS_ROOT and os.path.isdir(root):
+        # processes first: a workspace is unmounted once nothing of the sandbox runs in it
+        for uid in _procs.stale_claims(gone):
+            _procs.kill_uid(uid)
+            _procs.release_uid(uid)
+            removed["uids"] += 1
     if os.path.isdir(root):
         for name in os.listdir(root):
             parts = name.split("-")
             if len(parts) < 3 or parts[0] != "ws" or not parts[1].isdigit():
                 continue
-            if _procs.pid_alive(int(parts[1])):
+            if not gone(int(parts[1])):
                 continue
             path = os.path.join(root, name)
             if os.path.ismount(path):
                 subprocess.run(["umount", "-l", path], capture_output=True)
             shutil.rmtree(path, ignore_errors=True)
             removed["workspaces"] += 1
-    if _procs.IS_ROOT and os.path.isdir(root):
-        for uid in _procs.stale_claims():
-            _procs.kill_uid(uid)
-            _procs.release_uid(uid)
-            removed["uids"] += 1
-    removed["containers"] = _reap_containers()
+    for host in docker_hosts if docker_hosts is not None else [None]:
+        removed["containers"] += _reap_containers(lambda pid: not gone(pid), host)
     return removed
 
 
-def _reap_containers() -> int:
+def _reap_containers(pid_alive: Callable[[int], bool], docker_host: str | None) -> int:
     try:
         from agentrl.sandbox import docker as docker_backend
     except ImportError:  # the docker SDK is optional at run time
         return 0
-    if docker_backend.docker_unavailable_reason() is not None:
+    if docker_backend.docker_unavailable_reason(docker_host) is not None:
         return 0
-    return docker_backend.remove_dead_owner_containers(_procs.pid_alive)
+    return docker_backend.remove_dead_owner_containers(pid_alive, docker_host)
 
+
+_made_by_this_process: dict[str, set[str | None]] = {}
+"""Backends this process made sandboxes of (docker: by daemon), for the exit reaper."""
+
+
+def note_sandbox_made(backend: str, docker_host: str | None = None) -> None:
+    """Records that this process made a ``backend`` sandbox; the first call installs
+    :func:`reap_own_at_exit` (an ``atexit`` hook)."""
+    if not _made_by_this_process:
+        atexit.register(reap_own_at_exit)
+    _made_by_this_process.setdefault(backend, set()).add(docker_host)
+
+
+def reap_own_at_exit() -> dict[str, int]:
+    """Removes every sandbox this process made that is still there (workspaces unmounted, uid
+    claims released, processes killed, containers removed), and leftovers of dead runs.
+
+    Runs at interpreter exit and on a second interrupt (which exits without the usual
+    clean-up); closing sandboxes normally (``Sandbox.close``, ``SandboxPools.aclose``) leaves
+    it nothing to do. Never raises: it is the last thing a process does.
+    """
+    hosts = _made_by_this_process.get("docker", set())
+    try:
+        return reap_leftovers(own=True, docker_hosts=hosts)
+    except Exception as exc:  # noqa: BLE001 - at exit a report is all that can be done
+        logger.warning("removing this run's sandboxes at exit failed: %r", exc)
+        return {}

@@ -140,8 +140,9 @@ class PipeShellSession(ShellSession):
             )
 
     async def close(self) -> None:
-        async with self._lock:
-            self._closed = True
-            if self._proc is not None:
-                await self._kill(self._proc)
-                self._proc = None
+        # Not under the lock: a command still running holds it, and must end now (its run()
+        # then sees the shell's end of file) rather than delay the close by its timeout.
+        self._closed = True
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            await self._kill(proc)

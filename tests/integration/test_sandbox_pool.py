@@ -45,6 +45,26 @@ def _owner(pid: str) -> int | None:
         return None
 
 
+def _live_processes_of(uid: int, wait_s: float = 5.0) -> list[str]:
+    """Processes of ``uid`` that are not zombies (killed ones whose parent has not reaped them
+    yet), once they had ``wait_s`` to go."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        live = []
+        for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+            if _owner(pid) != uid:
+                continue
+            try:
+                state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z":
+                live.append(pid)
+        if not live or time.monotonic() > deadline:
+            return live
+        time.sleep(0.1)
+
+
 @pytest.fixture
 def record_uids(monkeypatch):
     from agentrl.sandbox import _procs
@@ -180,6 +200,75 @@ def test_reaper_removes_leftovers_of_a_dead_run(tmp_path):
     assert removed["workspaces"] >= 1 and removed["uids"] >= 1
     assert not os.path.exists(workspace) and not os.path.exists(claim)
     assert orphan.returncode == -9
+
+
+def _live_processes_of(uid: int, wait_s: float = 5.0) -> list[str]:
+    """Processes of ``uid`` that are not zombies (killed ones whose parent has not reaped them
+    yet), once they had ``wait_s`` to go."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        live = []
+        for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+            if _owner(pid) != uid:
+                continue
+            try:
+                state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z":
+                live.append(pid)
+        if not live or time.monotonic() > deadline:
+            return live
+        time.sleep(0.1)
+
+
+EXITS_WITH_OPEN_SANDBOXES = """
+import asyncio, json, os, sys
+from agentrl.sandbox import Limits, create_sandbox
+
+async def main():
+    sandboxes = [create_sandbox(sys.argv[1], Limits(timeout_s=10)) for _ in range(2)]
+    for sandbox in sandboxes:
+        await sandbox.start()
+        await sandbox.exec("setsid sleep 300 > /dev/null 2>&1 < /dev/null &")
+    print(json.dumps({"pid": os.getpid(),
+                      "workspaces": [getattr(s, "workspace", None) for s in sandboxes],
+                      "uids": [getattr(s, "uid", None) for s in sandboxes]}), flush=True)
+    # exits without closing them, as a run does when an exception ends it mid-rollout
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("backend", [
+    pytest.param(b, marks=pytest.mark.skipif(bool(r := backend_skip_reason(b)), reason=r or ""))
+    for b in ("bwrap", "docker")
+])
+def test_a_process_exiting_with_open_sandboxes_removes_them_at_exit(backend):
+    import json
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", EXITS_WITH_OPEN_SANDBOXES, backend],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    made = json.loads(done.stdout.splitlines()[-1])
+    pid = str(made["pid"])
+    for workspace in made["workspaces"]:
+        if workspace is not None:
+            assert not os.path.exists(workspace)
+            assert workspace not in open("/proc/mounts").read()
+    claims = os.path.join(sandbox_root(), "uids")
+    for uid in made["uids"]:
+        if IS_ROOT and uid is not None and uid >= 200_000:
+            assert not os.path.exists(os.path.join(claims, str(uid)))
+            assert _live_processes_of(uid) == []
+    if backend == "bwrap":
+        assert [n for n in os.listdir(sandbox_root()) if n.startswith(f"ws-{pid}-")] == []
+    if backend == "docker":
+        import docker
+
+        left = docker.from_env().containers.list(all=True, filters={"label": "agentrl.sandbox=1"})
+        assert [c.name for c in left if c.labels.get("agentrl.owner_pid") == pid] == []
 
 
 @pytest.mark.parametrize("backend", [

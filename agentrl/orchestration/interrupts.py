@@ -1,0 +1,142 @@
+"""Stopping on SIGINT / SIGTERM: the first signal stops the run cleanly, a second exits at once.
+
+A run (``train.py``, ``agentrl eval``) enters :class:`StopOnSignals` inside its main coroutine.
+The first SIGINT or SIGTERM cancels that coroutine: no new group starts, in-flight engine
+requests are abandoned, and as the cancellation unwinds every episode closes its env and
+sandbox, the sandbox pools close, the engine and the trainer's Ray actors stop. The context
+manager then turns the cancellation into :class:`RunInterrupted`, whose message says what was
+interrupted and how to continue; the entry point prints it as one line and exits with the
+shell's code for the signal (130, 143).
+
+A second signal exits at once (``os._exit``), after removing this process's sandboxes
+(:func:`agentrl.sandbox.reap_own_at_exit`), which takes well under a second: waiting is what
+the user refused, leaking mounts and containers is not acceptable either way.
+
+The handler is a plain ``signal.signal`` handler, not ``loop.add_signal_handler``: the loop's
+handlers only run when the loop gets control back, and a blocking trainer call (a Ray ``get``)
+would delay even the second signal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType, TracebackType
+from typing import Any
+
+from agentrl.errors import RunInterrupted
+
+__all__ = ["StopOnSignals", "exit_code_for"]
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def exit_code_for(signum: int) -> int:
+    """The shell's exit status of a process ended by ``signum`` (128 + n: 130 for SIGINT)."""
+    return 128 + signum
+
+
+class StopOnSignals:
+    """Stops the current task on the first SIGINT / SIGTERM (see the module docstring).
+
+    Use it in the main thread, in the coroutine to stop::
+
+        with StopOnSignals(describe=lambda: f"rollout {i}") as stop:
+            ...
+
+    Args:
+        describe: What the run is doing now (``"rollout 3 (train)"``), for the message.
+        advice: What to tell the user after the interruption (``"continue with --load X"``);
+            called after the clean-up, so it sees the newest checkpoint.
+        announce: Where the one line "stopping ..." goes when the first signal arrives.
+        prog: The program's name, for the line printed when the run exits at once.
+    """
+
+    def __init__(self, describe: Callable[[], str] = lambda: "the run",
+                 advice: Callable[[], str] = lambda: "",
+                 announce: Callable[[str], Any] | None = None, prog: str = "agentrl") -> None:
+        self.prog = prog
+        self.describe = describe
+        self.advice = advice
+        self.announce = announce or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.signum: int | None = None
+        self.interrupted_during = ""
+        self._task: asyncio.Task[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._previous: dict[int, Any] = {}
+        self._watches: list[tuple[Callable[[], bool], str]] = []
+
+    def watch(self, lost: Callable[[], bool], why: str) -> None:
+        """After a signal, checks ``lost()`` twice a second: once it is true the clean stop
+        cannot finish (e.g. the signal went to the whole process group and stopped Ray's own
+        processes, so every call to Ray hangs), and the run exits at once, as on a second
+        signal, with the usual message and ``why``."""
+        self._watches.append((lost, why))
+
+    def _watchdog(self) -> None:
+        while self._previous:  # until __exit__: the clean stop finished
+            for lost, why in self._watches:
+                if lost():
+                    self._exit_now(f"{why}, so the run could not stop cleanly")
+            time.sleep(0.5)
+
+    def _message(self, extra: str = "") -> str:
+        assert self.signum is not None
+        message = f"interrupted by {signal.Signals(self.signum).name} during {self.interrupted_during}"
+        if extra:
+            message += f" ({extra})"
+        advice = self.advice()
+        return f"{message}; {advice}" if advice else message
+
+    def _exit_now(self, why: str) -> None:
+        from agentrl.sandbox import reap_own_at_exit
+
+        assert self.signum is not None
+        reap_own_at_exit()
+        self.announce(f"{self.prog}: {self._message(why)}")
+        os._exit(exit_code_for(self.signum))
+
+    def __enter__(self) -> StopOnSignals:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        for signum in SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._on_signal)
+        return self
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is not None:  # the second signal: no clean-up beyond the sandboxes
+            self._exit_now(f"a second {signal.Signals(signum).name} ended the clean-up")
+        self.signum = signum
+        self.interrupted_during = self.describe()
+        name = signal.Signals(signum).name
+        self.announce(f"{name}: stopping {self.interrupted_during}: closing episodes, sandboxes "
+                      "and engines (send it again to exit at once)")
+        assert self._loop is not None and self._task is not None
+        self._loop.call_soon_threadsafe(self._task.cancel)
+        if self._watches:
+            threading.Thread(target=self._watchdog, name="agentrl-stop-watchdog", daemon=True).start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
+        if self.signum is None:
+            return
+        if exc_type is None:  # the run ended on its own right after the signal
+            return
+        assert self._task is not None
+        with contextlib.suppress(AttributeError):
+            self._task.uncancel()  # ours: the task goes on to report it, not to die of it
+        extra = ""
+        if not isinstance(exc, asyncio.CancelledError):  # e.g. a Ray worker that got it first
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            extra = f"while stopping: {type(exc).__name__}: {first}"
+        raise RunInterrupted(self._message(extra), signal_name=signal.Signals(self.signum).name,
+                             exit_code=exit_code_for(self.signum)) from None

@@ -1,0 +1,237 @@
+"""Stopping ``train.py`` and ``agentrl eval`` with SIGINT / SIGTERM at chosen moments, on the
+bwrap and Docker sandboxes: each stop leaves no mount, workspace, uid claim, container or
+process behind, exits with the signal's status and says in one line what was interrupted and
+how to continue."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from agentrl.sandbox._procs import sandbox_root
+from tests.support.sandboxes import backend_skip_reason
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+SWE_RUN = ["--env", "swe-tools", "--max-turns", "3", "--rollout-batch-size", "2",
+           "--n-samples-per-prompt", "2", "--no-progress"]
+SLEEPY_PLUGIN = '''\
+import asyncio
+
+from agentrl.rollout.custom import aexecute_tool
+
+
+async def custom_generate(args, samples, evaluation=False):
+    call = {"name": "bash", "arguments": {"command": "sleep 300", "timeout": 300}}
+    await asyncio.gather(*(aexecute_tool(call, sample) for sample in samples))
+    return samples
+'''
+"""A plug-in whose episodes all sit in a sandbox command when the signal comes."""
+
+
+def _backend(name: str) -> list[str]:
+    reason = backend_skip_reason(name)
+    if reason is not None:
+        pytest.skip(reason)
+    return ["--env-kwarg", f"sandbox={name}"]
+
+
+class Run:
+    """A ``train.py`` / ``agentrl`` process in a session of its own. Its sandboxes are told
+    apart from others' by its pid (in workspace names, uid claims and container labels)."""
+
+    def __init__(self, argv: list[str], tmp_path: Path) -> None:
+        self.root = Path(sandbox_root())  # sandbox uids must reach it: not under pytest's 0700 tmp
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.stderr_path = tmp_path / "stderr.txt"
+        self.process = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                                        stderr=self.stderr_path.open("w"), start_new_session=True)
+        self.pid = self.process.pid
+
+    def wait_for(self, condition: Callable[[], bool], what: str, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if self.process.poll() is not None:
+                pytest.fail(f"the run ended before {what}: {self.stderr()[-3000:]}")
+            if time.monotonic() > deadline:
+                self.process.kill()
+                pytest.fail(f"no {what} within {timeout} s: {self.stderr()[-3000:]}")
+            time.sleep(0.1)
+
+    def signal(self, signum: int, *, group: bool = False) -> None:
+        if group:  # as a scheduler stopping a job, or Ctrl-C in a terminal
+            os.killpg(self.pid, signum)
+        else:
+            os.kill(self.pid, signum)
+
+    def finish(self, timeout: float = 120) -> tuple[int, str]:
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            pytest.fail(f"the run did not stop within {timeout} s: {self.stderr()[-3000:]}")
+        return code, self.stderr()
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    # -- what a run leaves behind ------------------------------------------------------------
+
+    def mounts(self) -> list[str]:
+        return [line for line in Path("/proc/mounts").read_text().splitlines()
+                if f"ws-{self.pid}-" in line]
+
+    def workspaces(self) -> list[str]:
+        return sorted(p.name for p in self.root.glob(f"ws-{self.pid}-*")) if self.root.exists() else []
+
+    def uid_claims(self) -> list[str]:
+        claims = self.root / "uids"
+        if not claims.is_dir():
+            return []
+        return [p.name for p in claims.iterdir() if p.read_text().strip() == str(self.pid)]
+
+    def containers(self) -> list[str]:
+        if backend_skip_reason("docker") is not None:
+            return []
+        import docker
+
+        client = docker.from_env()
+        found = client.containers.list(all=True, filters={"label": f"agentrl.owner_pid={self.pid}"})
+        return [c.name for c in found]
+
+    def processes(self) -> list[str]:
+        """Processes of the run's session (Ray's included) and sandbox commands still alive."""
+        left = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if fields[0] == "Z":
+                continue
+            if int(fields[3]) == self.pid or cmdline == "sleep 300":
+                left.append(f"{entry.name}: {cmdline[:120]}")
+        return left
+
+    def sandboxes_live(self) -> bool:
+        return bool(self.mounts() or self.containers())
+
+    def assert_nothing_left(self) -> None:
+        deadline = time.monotonic() + 20  # Ray's processes follow the driver within seconds
+        while self.processes() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert self.processes() == []
+        assert self.mounts() == []
+        assert self.workspaces() == []
+        assert self.uid_claims() == []
+        assert self.containers() == []
+
+
+def train(*flags: str, tmp_path: Path) -> Run:
+    return Run([sys.executable, str(REPO / "train.py"), *flags,
+                "--output-dir", str(tmp_path / "run")], tmp_path)
+
+
+def commands_running() -> bool:
+    return any((p / "cmdline").read_bytes() == b"sleep\x00300\x00"
+               for p in Path("/proc").iterdir() if p.name.isdigit() and _readable(p))
+
+
+def _readable(path: Path) -> bool:
+    try:
+        (path / "cmdline").read_bytes()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "docker"])
+def test_sigint_while_episodes_wait_on_the_model_leaks_nothing(backend, tmp_path):
+    # long responses: the episodes spend their time waiting on the model
+    run = train(*SWE_RUN, *_backend(backend), "--rollout-max-response-len", "2048",
+                "--num-rollout", "2", tmp_path=tmp_path)
+    run.wait_for(run.sandboxes_live, "live sandboxes")
+    run.signal(signal.SIGINT, group=True)  # Ctrl-C reaches the whole foreground group
+    code, stderr = run.finish()
+    assert code == 130, stderr[-3000:]
+    assert "train.py: interrupted by SIGINT during rollout 0" in stderr
+    assert "no complete checkpoint under" in stderr
+    assert "Traceback" not in stderr
+    run.assert_nothing_left()
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "docker"])
+def test_sigterm_while_sandboxes_run_a_command_leaks_nothing(backend, tmp_path):
+    plugin = tmp_path / "sleepy.py"
+    plugin.write_text(SLEEPY_PLUGIN)
+    run = train(*SWE_RUN, *_backend(backend), "--no-use-ray", "--custom-generate-function-path",
+                str(plugin), "--num-rollout", "1", tmp_path=tmp_path)
+    run.wait_for(commands_running, "sandbox commands running")
+    run.signal(signal.SIGTERM)
+    code, stderr = run.finish()
+    assert code == 143, stderr[-3000:]
+    assert "train.py: interrupted by SIGTERM during rollout 0" in stderr
+    assert "Traceback" not in stderr
+    run.assert_nothing_left()
+
+
+def test_sigterm_to_the_process_group_during_a_save_names_a_complete_checkpoint(tmp_path):
+    from agentrl.orchestration.checkpoints import checkpoint_problem
+
+    saves = tmp_path / "run" / "checkpoints"
+    run = train(*SWE_RUN, *_backend("bwrap"), "--num-rollout", "3", "--save-interval", "1",
+                tmp_path=tmp_path)
+    # the second save has begun: the first is sealed, the second being written
+    run.wait_for(lambda: (saves / "rollout_00002").exists(), "the second save", timeout=600)
+    run.signal(signal.SIGTERM, group=True)  # Ray's own processes get it too
+    code, stderr = run.finish()
+    assert code == 143, stderr[-3000:]
+    assert "train.py: interrupted by SIGTERM during rollout 1" in stderr
+    named = re.search(r"newest complete checkpoint: (\S+); continue with: (.+)", stderr)
+    assert named, stderr[-3000:]
+    assert checkpoint_problem(Path(named.group(1))) is None
+    assert Path(named.group(1)).name in ("rollout_00001", "rollout_00002")
+    assert named.group(2).endswith(f"--load {saves}")
+    assert "--num-rollout 3" in named.group(2)
+    run.assert_nothing_left()
+
+
+def test_a_second_signal_exits_at_once_and_still_removes_the_sandboxes(tmp_path):
+    plugin = tmp_path / "sleepy.py"
+    plugin.write_text(SLEEPY_PLUGIN)
+    run = train(*SWE_RUN, *_backend("bwrap"), "--no-use-ray", "--custom-generate-function-path",
+                str(plugin), "--num-rollout", "1", tmp_path=tmp_path)
+    run.wait_for(commands_running, "sandbox commands running")
+    run.signal(signal.SIGINT)
+    run.wait_for(lambda: "stopping rollout 0" in run.stderr(), "the first signal's notice")
+    run.signal(signal.SIGINT)
+    code, stderr = run.finish(timeout=30)
+    assert code == 130, stderr[-3000:]
+    assert "a second SIGINT ended the clean-up" in stderr
+    run.assert_nothing_left()
+
+
+def test_agentrl_eval_stopped_by_sigint_leaks_nothing(tmp_path):
+    run = Run([sys.executable, "-m", "agentrl", "eval", "--env", "swe-tools", "--policy", "model",
+               "--max-turns", "3", "--max-response-len", "2048", "--limit", "4",
+               *_backend("bwrap")], tmp_path)
+    run.wait_for(run.sandboxes_live, "live sandboxes")
+    run.signal(signal.SIGINT, group=True)
+    code, stderr = run.finish()
+    assert code == 130, stderr[-3000:]
+    assert "agentrl: interrupted by SIGINT during the evaluation of model" in stderr
+    assert "Traceback" not in stderr
+    run.assert_nothing_left()
