@@ -18,9 +18,11 @@ import shutil
 import sysconfig
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
+if TYPE_CHECKING:  # the tokenizer libraries load when a tokenizer is built, not on import
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
 
 from agentrl.chat.templates import CHATML_HERMES_TEMPLATE
 
@@ -84,6 +86,8 @@ def _training_texts(limit_bytes: int = _TRAINING_BYTES) -> list[str]:
 
 def _train() -> Tokenizer:
     """Trains the byte-level BPE (deterministic for a given training corpus)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -108,6 +112,8 @@ def _train() -> Tokenizer:
 
 
 def _wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
+    from transformers import PreTrainedTokenizerFast
+
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -145,6 +151,8 @@ def build_tiny_tokenizer(cache_dir: str | Path | None = None) -> PreTrainedToken
                     raise  # not a lost race: a real error
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+    from transformers import PreTrainedTokenizerFast
+
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(final))
     if not tokenizer.chat_template:
         tokenizer.chat_template = CHATML_HERMES_TEMPLATE

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EMBEDDED_MODEL_TYPES", "architecture", "check_supported", "load_tokenizer", "read_config",
-           "read_safetensors", "rope_theta"]
+__all__ = ["EMBEDDED_MODEL_TYPES", "architecture", "check_safetensors_headers", "check_supported",
+           "load_tokenizer", "read_config", "read_safetensors", "rope_theta", "safetensors_files"]
 
 EMBEDDED_MODEL_TYPES = ("qwen2", "llama")
 """Model types the embedded engine serves (the Megatron trainer also trains ``qwen3``, whose
@@ -102,18 +102,20 @@ def rope_theta(raw: Mapping[str, Any], error: type[Exception]) -> float:
     return float(raw.get("rope_theta", 10000.0))
 
 
-def read_safetensors(root: str | Path, error: type[Exception]) -> dict[str, Any]:
-    """Every tensor of a Hugging Face model directory (sharded or not), on the CPU.
+def safetensors_files(root: str | Path, error: type[Exception]) -> list[Path]:
+    """The weight files of a Hugging Face model directory: the shards its
+    ``model.safetensors.index.json`` names, else every ``*.safetensors`` file.
 
     Raises:
-        error: No weights, or an index naming shards that are not there.
+        error: No weights, an index that is not JSON, or one naming shards that are not there.
     """
-    from safetensors.torch import load_file
-
     root = Path(root)
     index = root / "model.safetensors.index.json"
     if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise error(f"{index} is not a safetensors index ({type(exc).__name__}: {exc})") from exc
         files = [root / name for name in names]
         missing = [str(f) for f in files if not f.is_file()]
         if missing:
@@ -122,8 +124,48 @@ def read_safetensors(root: str | Path, error: type[Exception]) -> dict[str, Any]
         files = sorted(root.glob("*.safetensors"))
     if not files:
         raise error(f"no *.safetensors weights in {root}")
+    return files
+
+
+def check_safetensors_headers(root: str | Path, error: type[Exception]) -> None:
+    """Reads the header of every weight file (not the tensors: milliseconds for any model).
+
+    A safetensors file starts with the byte length of a JSON header (8 bytes, little-endian),
+    then the header, which maps each tensor to a byte range of the rest of the file.
+
+    Raises:
+        error: A missing weight file, or one that is cut short, not safetensors, or whose
+            tensors reach past its end; names the file.
+    """
+    for file in safetensors_files(root, error):
+        size = file.stat().st_size
+        with file.open("rb") as f:
+            head = f.read(8)
+            length = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if length < 2 or length > min(size - 8, 100 * 2**20):
+                raise error(f"{file} is not a safetensors file (its header length is invalid: "
+                            "damaged, cut short, or another format)")
+            try:
+                header = json.loads(f.read(length))
+                ends = [int(entry["data_offsets"][1]) for name, entry in header.items()
+                        if name != "__metadata__"]
+            except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+                raise error(f"{file} has a damaged safetensors header ({type(exc).__name__})") from exc
+        if ends and 8 + length + max(ends) > size:
+            raise error(f"{file} is cut short: its header describes {8 + length + max(ends)} "
+                        f"bytes, the file has {size}")
+
+
+def read_safetensors(root: str | Path, error: type[Exception]) -> dict[str, Any]:
+    """Every tensor of a Hugging Face model directory (sharded or not), on the CPU.
+
+    Raises:
+        error: No weights, or an index naming shards that are not there.
+    """
+    from safetensors.torch import load_file
+
     tensors: dict[str, Any] = {}
-    for file in files:
+    for file in safetensors_files(root, error):
         tensors.update(load_file(str(file), device="cpu"))
     return tensors
 

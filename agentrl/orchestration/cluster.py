@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.config import flag, option
 from agentrl.errors import ConfigError
+from agentrl.orchestration.remote_errors import remote_call
 
 if TYPE_CHECKING:
     from agentrl.rollout.sample import Sample
@@ -187,13 +188,15 @@ class TrainerGroup:
         start_ray_here: Start a local Ray instance first, in a thread of its own that lives as
             long as the group (Ray ties its processes to the thread that started them), so
             that Ray's start-up too runs in the background. Otherwise Ray must be running.
+        debug: Errors of the ranks carry their remote traceback (``--debug``).
         **actor_kwargs: Passed to every rank's :class:`~agentrl.trainer.actor.MegatronActor`
             (``hf_checkpoint``, ``rollout_temperature``, ``total_steps``, ``pad_id``).
     """
 
     def __init__(self, cluster: ClusterConfig, trainer_config: TrainerConfig, *,
-                 start_ray_here: bool = False, **actor_kwargs: Any) -> None:
+                 start_ray_here: bool = False, debug: bool = False, **actor_kwargs: Any) -> None:
         self.cluster = cluster
+        self.debug = debug
         self.ranks: list[Any] = []
         self.placement: Any = None
         self._setup: list[Any] | None = None
@@ -265,13 +268,15 @@ class TrainerGroup:
             placed.result()
         setup, self._setup = self._setup, None
         if setup is not None:
-            ray.get(setup)
+            remote_call(lambda: ray.get(setup), "the trainer's set-up (building the model on every "
+                        "rank)", debug=self.debug)
 
     def _all(self, method: str, *args: Any, **kwargs: Any) -> Any:
         import ray
 
         self.ready()
-        return ray.get([r.call.remote(method, *args, **kwargs) for r in self.ranks])[0]
+        refs = [r.call.remote(method, *args, **kwargs) for r in self.ranks]
+        return remote_call(lambda: ray.get(refs), f"the trainer's {method}", debug=self.debug)[0]
 
     def train(self, samples: Sequence[Sample]) -> dict[str, float]:
         """Every rank trains on the same samples; rank 0's metrics."""
@@ -290,7 +295,8 @@ class TrainerGroup:
 
         self.ready()
         refs = [r.call.remote("hf_state_dict") for r in self.ranks]
-        ray.get(refs[1:])  # the other ranks answer None once the gather is done; raises their errors
+        # the other ranks answer None once the gather is done; raises their errors
+        remote_call(lambda: ray.get(refs[1:]), "the trainer's hf_state_dict", debug=self.debug)
         ray.wait(refs[:1], fetch_local=False)
         return refs[0]
 
@@ -299,7 +305,8 @@ class TrainerGroup:
         import ray
 
         self.ready()
-        return ray.get(self.ranks[0].address.remote())
+        return remote_call(lambda: ray.get(self.ranks[0].address.remote()),
+                           "the trainer's rank0_address", debug=self.debug)
 
     def open_weight_group(self, master_address: str, master_port: int, world_size: int,
                           group_name: str, backend: str) -> None:

@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from agentrl.config import add_arguments, flag, from_namespace, option, unknown_flags_message
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, PluginError
 from agentrl.orchestration.cluster import ClusterConfig
 from agentrl.orchestration.sinks import WANDB_MODES, require_wandb
 from agentrl.orchestration.validation import check_files, validate_together
@@ -51,6 +51,8 @@ class RunConfig:
                              choices=WANDB_MODES)
     wandb_run_name: str | None = option(None, "the wandb run's name (default: one wandb picks)")
     progress: bool = option(True, "progress bars on a terminal (episodes, train steps, stage)")
+    debug: bool = option(False, "errors of the trainer's and engines' Ray actors carry their "
+                         "remote traceback (default: one line naming what failed and why)")
 
     def validate(self) -> None:
         """Raises ConfigError naming the first invalid flag and what to change."""
@@ -109,6 +111,6 @@ def parse_args(argv: Sequence[str] | None = None) -> Args:
                     cluster=from_namespace(ClusterConfig, namespace), namespace=namespace)
         args = validate_together(args)
         check_files(args)
-    except ConfigError as exc:
+    except (ConfigError, PluginError) as exc:
         parser.error(str(exc))
     return args

@@ -17,6 +17,7 @@ from typing import Any
 from agentrl.orchestration.cluster import TrainerGroup, start_ray
 from agentrl.orchestration.engines import launch_engines
 from agentrl.orchestration.flags import Args
+from agentrl.orchestration.remote_errors import readable
 from agentrl.rollout.engine.base import Engine
 from agentrl.trainer.protocol import Trainer
 
@@ -44,8 +45,14 @@ async def start_policy(args: Args, checkpoint: str | Path,
     trainer = start_trainer(args, checkpoint, in_background=background and not cluster.ray_address)
     if isinstance(trainer, TrainerGroup):
         closing.callback(trainer.shutdown)
-    engine = await serve_policy(rollout, cluster, checkpoint,
-                                trainer=None if background else trainer)
+    try:
+        engine = await serve_policy(rollout, cluster, checkpoint,
+                                    trainer=None if background else trainer)
+    except Exception as exc:  # a Ray actor's error is made readable; others go as they are
+        shown = readable(exc, "starting the rollout engines", debug=args.run.debug) if cluster.use_ray else exc
+        if shown is exc:
+            raise
+        raise shown from None
     closing.push_async_callback(engine.close)
     return trainer, engine
 
@@ -61,7 +68,8 @@ def start_trainer(args: Args, checkpoint: str | Path, *, in_background: bool = F
     if args.cluster.use_ray:
         if not in_background:
             start_ray(args.cluster)
-        return TrainerGroup(args.cluster, trainer, start_ray_here=in_background, **kwargs)
+        return TrainerGroup(args.cluster, trainer, start_ray_here=in_background,
+                            debug=run.debug, **kwargs)
     from agentrl.trainer.actor import MegatronActor
 
     return MegatronActor(trainer, **kwargs)

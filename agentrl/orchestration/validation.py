@@ -13,15 +13,19 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agentrl.errors import ConfigError
-from agentrl.models.hf_config import EMBEDDED_MODEL_TYPES, read_config
+from agentrl.config import flag
+from agentrl.errors import ConfigError, PluginError
+from agentrl.models.hf_config import EMBEDDED_MODEL_TYPES, check_safetensors_headers, read_config
 from agentrl.orchestration.checkpoints import latest_checkpoint
 from agentrl.trainer.config import batch_shape
+from agentrl.trainer.hf_spec import ARCHITECTURES, read_hf_config
+from agentrl.trainer.model_flags import check_model_flags
 
 if TYPE_CHECKING:
     from agentrl.orchestration.flags import Args
+    from agentrl.rollout.config import RolloutConfig
 
-__all__ = ["GROUP_RELATIVE_ESTIMATORS", "check_files", "validate_together"]
+__all__ = ["GROUP_RELATIVE_ESTIMATORS", "check_files", "check_plugins", "validate_together"]
 
 GROUP_RELATIVE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
 """Estimators whose advantage is the reward minus its group's mean: a group of one sample
@@ -53,28 +57,63 @@ def validate_together(args: Args) -> Args:
 
 
 def check_files(args: Args) -> None:
-    """Reads ``--hf-checkpoint``'s config and finds ``--load``'s checkpoint (silently: the run
-    reports skipped ones when it loads).
+    """Reads what the flags point at, so that a mistake is reported before Ray, Megatron or an
+    engine starts: ``--hf-checkpoint``'s config (against the model flags such as
+    ``--num-layers``) and its weight files' headers, ``--load``'s checkpoint (silently: the run
+    reports skipped ones when it loads), and every plug-in (imported, its form checked).
 
     Raises:
-        ConfigError: A missing or unreadable model config, or no complete checkpoint; names
-            the flag and the file.
+        ConfigError: A missing or unreadable model config or weight file, a model flag the
+            checkpoint contradicts, or no complete checkpoint; names the flag and the file.
+        PluginError: A plug-in that cannot be imported or has the wrong form; names the flag.
     """
     rollout = args.rollout
-    if rollout.hf_checkpoint is not None:
+    checkpoint = rollout.hf_checkpoint
+    if checkpoint is not None:
         try:
-            raw = read_config(rollout.hf_checkpoint, ConfigError)
+            raw = read_config(checkpoint, ConfigError)
         except ConfigError as exc:
-            raise ConfigError(f"--hf-checkpoint {rollout.hf_checkpoint}: {exc}") from exc
+            raise ConfigError(f"--hf-checkpoint {checkpoint}: {exc}") from exc
         model_type = raw.get("model_type")
         if rollout.rollout_backend != "sglang" and model_type not in EMBEDDED_MODEL_TYPES:
             raise ConfigError(
-                f"--hf-checkpoint {rollout.hf_checkpoint} is a {model_type!r} model; "
+                f"--hf-checkpoint {checkpoint} is a {model_type!r} model; "
                 f"--rollout-backend {rollout.rollout_backend} serves "
                 f"{' and '.join(EMBEDDED_MODEL_TYPES)} models: serve it with --rollout-backend "
                 "sglang")
+        try:
+            check_safetensors_headers(checkpoint, ConfigError)
+        except ConfigError as exc:
+            raise ConfigError(f"--hf-checkpoint {checkpoint}: {exc}") from exc
+        if model_type in ARCHITECTURES:  # the trainer's own check, run before it starts
+            check_model_flags(read_hf_config(checkpoint), args.trainer)
+    else:  # the built-in tiny model: its config is known without building it
+        from agentrl.models.tiny import TINY_MODEL_CONFIG
+
+        check_model_flags({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
+                           **TINY_MODEL_CONFIG}, args.trainer)
     if args.trainer.load:
         latest_checkpoint(args.trainer.load, report=None)
+    check_plugins(rollout)
+
+
+def check_plugins(rollout: RolloutConfig) -> None:
+    """Imports the plug-ins the rollout flags name and checks their form (the run loads them
+    again from the import cache when it needs them).
+
+    Raises:
+        PluginError: Naming the flag, the file or module, and what is wrong.
+    """
+    from agentrl.plugins import load_plugin
+    from agentrl.rollout.custom import load_custom_generate
+
+    if rollout.custom_generate_function_path:
+        load_custom_generate(rollout.custom_generate_function_path)
+    for name, preferred in (("dynamic_sampling_filter_path", ()), ("buffer_filter_path", ()),
+                            ("custom_rm_path", ("CustomRewardModel",))):
+        spec = getattr(rollout, name)
+        if spec and not callable(load_plugin(spec, flag=flag(name), preferred=preferred)):
+            raise PluginError(f"{flag(name)} {spec!r} is not callable")
 
 
 def _check_eval(args: Args) -> None:

@@ -63,3 +63,57 @@ def test_cluster_flags_are_checked():
 
     with pytest.raises(ConfigError, match="--no-use-ray runs one trainer rank"):
         ClusterConfig(use_ray=False, actor_num_gpus_per_node=2).validate()
+
+
+def _copy_of_tiny_model(tmp_path, weights: bytes | None = None, wrong_shape: bool = False):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "model"
+    shutil.copytree(build_tiny_model(), folder)
+    if weights is not None:
+        (folder / "model.safetensors").write_bytes(weights)
+    if wrong_shape:
+        tensors = load_file(str(folder / "model.safetensors"))
+        tensors["model.layers.0.mlp.gate_proj.weight"] = torch.zeros(3, 3)
+        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def test_a_rank_that_raises_our_error_reports_it_without_colour_codes_or_remote_traceback(
+        ray_session, tmp_path):
+    from agentrl.trainer.hf_convert import WeightMappingError
+
+    group = TrainerGroup(ClusterConfig(), TrainerConfig(), rollout_temperature=1.0,
+                         hf_checkpoint=_copy_of_tiny_model(tmp_path, wrong_shape=True))
+    try:
+        with pytest.raises(WeightMappingError) as raised:
+            group.ready()
+    finally:
+        group.shutdown()
+    message = str(raised.value)
+    assert "gate_proj.weight: (3, 3), expected (384, 128)" in message
+    assert "\x1b[" not in message and "Traceback" not in message and "ray::" not in message
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_rank_failing_with_a_foreign_error_is_one_line_and_its_traceback_needs_debug(
+        ray_session, tmp_path, debug):
+    from agentrl.orchestration.remote_errors import RemoteError
+
+    garbage = _copy_of_tiny_model(tmp_path, weights=b"\xff" * 4096)  # safetensors refuses it
+    group = TrainerGroup(ClusterConfig(), TrainerConfig(), rollout_temperature=1.0,
+                         hf_checkpoint=garbage, debug=debug)
+    try:
+        with pytest.raises(RemoteError) as raised:
+            group.ready()
+    finally:
+        group.shutdown()
+    first, *rest = str(raised.value).splitlines()
+    assert first.startswith("the trainer's set-up (building the model on every rank) failed: ")
+    assert "SafetensorError" in first and "\x1b[" not in str(raised.value)
+    if debug:
+        assert any('File "' in line and ", line " in line for line in rest)  # the remote frames
+    else:
+        assert rest == [] and first.endswith("(--debug shows the remote traceback)")

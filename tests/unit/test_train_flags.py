@@ -190,10 +190,11 @@ def test_a_damaged_load_is_refused_before_the_run_starts(
 
 
 def test_the_model_flags_exist() -> None:
-    trainer = parse_args([*ENV, "--vocab-size", "300", "--no-untie-embeddings-and-output-weights",
-                          "--normalization", "RMSNorm", "--rotary-base", "1e6"]).trainer
-    assert (trainer.vocab_size, trainer.untie_embeddings_and_output_weights) == (300, False)
-    assert (trainer.normalization, trainer.rotary_base) == ("RMSNorm", 1e6)
+    # values the built-in tiny model has: flags the checkpoint contradicts are refused
+    trainer = parse_args([*ENV, "--vocab-size", "4096", "--no-untie-embeddings-and-output-weights",
+                          "--normalization", "RMSNorm", "--rotary-base", "1e4"]).trainer
+    assert (trainer.vocab_size, trainer.untie_embeddings_and_output_weights) == (4096, False)
+    assert (trainer.normalization, trainer.rotary_base) == ("RMSNorm", 1e4)
 
 
 def test_a_flag_prefix_is_not_a_flag(capsys: pytest.CaptureFixture[str]) -> None:
@@ -210,3 +211,69 @@ def test_a_misspelled_flag_gets_a_suggestion(capsys: pytest.CaptureFixture[str])
 def test_max_failed_fraction_must_be_a_share(capsys: pytest.CaptureFixture[str]) -> None:
     err = refused([*ENV, "--max-failed-fraction", "1.5"], capsys)
     assert "--max-failed-fraction must be in [0, 1), got 1.5" in err
+
+
+def _tiny_model_copy(tmp_path: Path) -> Path:
+    import shutil
+
+    from agentrl.models import build_tiny_model
+
+    model = tmp_path / "model"
+    shutil.copytree(build_tiny_model(), model)
+    return model
+
+
+def test_weights_that_are_not_safetensors_are_refused_before_anything_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = _tiny_model_copy(tmp_path)
+    (model / "model.safetensors").write_bytes(b"\xff" * 5000)
+    err = refused([*ENV, "--hf-checkpoint", str(model)], capsys)
+    assert f"--hf-checkpoint {model}: {model / 'model.safetensors'} is not a safetensors file" in err
+
+
+def test_cut_short_weights_are_refused_before_anything_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = _tiny_model_copy(tmp_path)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100_000])
+    err = refused([*ENV, "--hf-checkpoint", str(model)], capsys)
+    assert f"{weights} is cut short" in err
+
+
+def test_a_checkpoint_without_weights_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = _tiny_model_copy(tmp_path)
+    (model / "model.safetensors").unlink()
+    assert f"no *.safetensors weights in {model}" in refused([*ENV, "--hf-checkpoint", str(model)], capsys)
+
+
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_a_model_flag_the_checkpoint_contradicts_is_refused_at_parse_time(
+        checkpoint: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    flags = ["--hf-checkpoint", str(_tiny_model_copy(tmp_path))] if checkpoint else []  # or tiny
+    err = refused([*ENV, *flags, "--num-layers", "7"], capsys)
+    assert "--num-layers is 7 but the checkpoint has num_hidden_layers = 4" in err
+
+
+def test_a_plugin_that_does_not_import_is_refused_at_parse_time(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plugin = tmp_path / "rm.py"
+    plugin.write_text("def reward(:\n")
+    err = refused([*ENV, "--custom-rm-path", str(plugin)], capsys)
+    assert f"--custom-rm-path: importing '{plugin}' failed: SyntaxError" in err
+
+
+def test_a_custom_generate_of_the_wrong_form_is_refused_at_parse_time(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plugin = tmp_path / "gen.py"
+    plugin.write_text("def custom_generate(args, samples):\n    return samples\n")
+    err = refused([*ENV, "--custom-generate-function-path", str(plugin)], capsys)
+    assert "must be `async def custom_generate(args, samples, evaluation=False)`" in err
+
+
+def test_a_filter_that_is_not_callable_is_refused_at_parse_time(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plugin = tmp_path / "f.py"
+    plugin.write_text("threshold = 0.5\n")
+    err = refused([*ENV, "--dynamic-sampling-filter-path", f"{plugin}:threshold"], capsys)
+    assert f"--dynamic-sampling-filter-path '{plugin}:threshold' is not callable" in err
