@@ -15,6 +15,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import os
+import signal
 import socket
 import threading
 from collections.abc import Mapping, Sequence
@@ -215,6 +216,11 @@ class TrainerGroup:
                  actor_kwargs: dict[str, Any]) -> None:
         quiet = _DropMessage("SIGTERM handler is not set")
         logging.getLogger("ray._private.worker").addFilter(quiet)  # started here on purpose
+        # Ray's processes inherit this thread's signal mask (Ray itself blocks SIGINT in them):
+        # with SIGTERM blocked too, a SIGTERM to the whole process group (a scheduler stopping
+        # the job) reaches only the driver, whose handler then stops Ray in order
+        # (agentrl.orchestration.interrupts). The driver's other threads are unaffected.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         try:
             start_ray(self.cluster)
             self._place(trainer_config, actor_kwargs)

@@ -158,37 +158,47 @@ def _readable(path: Path) -> bool:
     return True
 
 
-@pytest.mark.parametrize("backend", ["bwrap", "docker"])
-def test_sigint_while_episodes_wait_on_the_model_leaks_nothing(backend, tmp_path):
+SIGNALS = [pytest.param(signal.SIGINT, id="SIGINT"), pytest.param(signal.SIGTERM, id="SIGTERM")]
+BOTH = [(signal.SIGINT, "bwrap"), (signal.SIGTERM, "bwrap"), (signal.SIGINT, "docker"),
+        (signal.SIGTERM, "docker")]
+
+
+def _name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+@pytest.mark.parametrize(("signum", "backend"), BOTH)
+def test_a_signal_while_episodes_wait_on_the_model_leaks_nothing(signum, backend, tmp_path):
     # long responses: the episodes spend their time waiting on the model
     run = train(*SWE_RUN, *_backend(backend), "--rollout-max-response-len", "2048",
                 "--num-rollout", "2", tmp_path=tmp_path)
     run.wait_for(run.sandboxes_live, "live sandboxes")
-    run.signal(signal.SIGINT, group=True)  # Ctrl-C reaches the whole foreground group
+    run.signal(signum, group=True)  # Ctrl-C reaches the whole foreground group
     code, stderr = run.finish()
-    assert code == 130, stderr[-3000:]
-    assert "train.py: interrupted by SIGINT during rollout 0" in stderr
+    assert code == 128 + signum, stderr[-3000:]
+    assert f"train.py: interrupted by {_name(signum)} during rollout 0" in stderr
     assert "no complete checkpoint under" in stderr
     assert "Traceback" not in stderr
     run.assert_nothing_left()
 
 
-@pytest.mark.parametrize("backend", ["bwrap", "docker"])
-def test_sigterm_while_sandboxes_run_a_command_leaks_nothing(backend, tmp_path):
+@pytest.mark.parametrize(("signum", "backend"), BOTH)
+def test_a_signal_while_sandboxes_run_a_command_leaks_nothing(signum, backend, tmp_path):
     plugin = tmp_path / "sleepy.py"
     plugin.write_text(SLEEPY_PLUGIN)
     run = train(*SWE_RUN, *_backend(backend), "--no-use-ray", "--custom-generate-function-path",
                 str(plugin), "--num-rollout", "1", tmp_path=tmp_path)
     run.wait_for(commands_running, "sandbox commands running")
-    run.signal(signal.SIGTERM)
+    run.signal(signum)
     code, stderr = run.finish()
-    assert code == 143, stderr[-3000:]
-    assert "train.py: interrupted by SIGTERM during rollout 0" in stderr
+    assert code == 128 + signum, stderr[-3000:]
+    assert f"train.py: interrupted by {_name(signum)} during rollout 0" in stderr
     assert "Traceback" not in stderr
     run.assert_nothing_left()
 
 
-def test_sigterm_to_the_process_group_during_a_save_names_a_complete_checkpoint(tmp_path):
+@pytest.mark.parametrize("signum", SIGNALS)
+def test_a_signal_to_the_process_group_during_a_save_names_a_complete_checkpoint(signum, tmp_path):
     from agentrl.orchestration.checkpoints import checkpoint_problem
 
     saves = tmp_path / "run" / "checkpoints"
@@ -196,10 +206,10 @@ def test_sigterm_to_the_process_group_during_a_save_names_a_complete_checkpoint(
                 tmp_path=tmp_path)
     # the second save has begun: the first is sealed, the second being written
     run.wait_for(lambda: (saves / "rollout_00002").exists(), "the second save", timeout=600)
-    run.signal(signal.SIGTERM, group=True)  # Ray's own processes get it too
+    run.signal(signum, group=True)  # Ray's own processes get it too
     code, stderr = run.finish()
-    assert code == 143, stderr[-3000:]
-    assert "train.py: interrupted by SIGTERM during rollout 1" in stderr
+    assert code == 128 + signum, stderr[-3000:]
+    assert f"train.py: interrupted by {_name(signum)} during rollout 1" in stderr
     named = re.search(r"newest complete checkpoint: (\S+); continue with: (.+)", stderr)
     assert named, stderr[-3000:]
     assert checkpoint_problem(Path(named.group(1))) is None
