@@ -124,11 +124,14 @@ class StopOnSignals:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        self._previous = {}
         if self.signum is None:
+            for signum, previous in self._previous.items():
+                signal.signal(signum, previous)
+            self._previous = {}
             return
+        # Interrupted: the handler stays until the process exits, so that a further signal
+        # while the run reports and exits still means "exit at once", not a traceback.
+        self._previous = {}  # (also ends the watchdog)
         if exc_type is None:  # the run ended on its own right after the signal
             return
         assert self._task is not None

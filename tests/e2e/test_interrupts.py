@@ -36,6 +36,13 @@ async def custom_generate(args, samples, evaluation=False):
     return samples
 '''
 """A plug-in whose episodes all sit in a sandbox command when the signal comes."""
+STUBBORN_PLUGIN = SLEEPY_PLUGIN.replace(
+    "    await asyncio.gather(*(aexecute_tool(call, sample) for sample in samples))\n",
+    "    try:\n"
+    "        await asyncio.gather(*(aexecute_tool(call, sample) for sample in samples))\n"
+    "    except asyncio.CancelledError:\n"
+    "        await asyncio.sleep(300)  # does not stop when told: the clean stop cannot finish\n")
+"""A plug-in that ignores the first signal's cancellation, so only a second signal ends the run."""
 
 
 def _backend(name: str) -> list[str]:
@@ -102,9 +109,9 @@ class Run:
     def containers(self) -> list[str]:
         if backend_skip_reason("docker") is not None:
             return []
-        import docker
+        from agentrl.sandbox._docker_api import get_client
 
-        client = docker.from_env()
+        client = get_client()  # the daemon agentrl uses (DOCKER_HOST, or the private one)
         found = client.containers.list(all=True, filters={"label": f"agentrl.owner_pid={self.pid}"})
         return [c.name for c in found]
 
@@ -220,8 +227,9 @@ def test_a_signal_to_the_process_group_during_a_save_names_a_complete_checkpoint
 
 
 def test_a_second_signal_exits_at_once_and_still_removes_the_sandboxes(tmp_path):
-    plugin = tmp_path / "sleepy.py"
-    plugin.write_text(SLEEPY_PLUGIN)
+    plugin = tmp_path / "stubborn.py"
+    plugin.write_text(STUBBORN_PLUGIN)
+    assert "except asyncio.CancelledError" in STUBBORN_PLUGIN
     run = train(*SWE_RUN, *_backend("bwrap"), "--no-use-ray", "--custom-generate-function-path",
                 str(plugin), "--num-rollout", "1", tmp_path=tmp_path)
     run.wait_for(commands_running, "sandbox commands running")

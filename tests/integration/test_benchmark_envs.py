@@ -40,7 +40,7 @@ def _no_docker_reaping(monkeypatch):
     containers, and that listing fails (404, ``SandboxUnavailableError``) when another process
     removes a container between docker's list and inspect; keep such races out of these tests.
     """
-    monkeypatch.setattr("agentrl.sandbox.pool._reap_containers", lambda: 0)
+    monkeypatch.setattr("agentrl.sandbox.pool._reap_containers", lambda pid_alive, docker_host: 0)
 
 
 Policy = Callable[[agentrl.ToolEnv, Mapping[str, Any], Sequence[Mapping[str, Any]]], Any]

@@ -30,7 +30,7 @@ def _no_docker_reaping(monkeypatch):
     """Only bwrap sandboxes run here. A pool's start also reaps dead owners' docker containers,
     and that listing fails when another process removes a container between docker's list and
     inspect; keep such races out of these tests."""
-    monkeypatch.setattr("agentrl.sandbox.pool._reap_containers", lambda: 0)
+    monkeypatch.setattr("agentrl.sandbox.pool._reap_containers", lambda pid_alive, docker_host: 0)
 
 
 @pytest.mark.parametrize("env_id", [spec.id for spec in agentrl.list_envs()])

@@ -202,26 +202,6 @@ def test_reaper_removes_leftovers_of_a_dead_run(tmp_path):
     assert orphan.returncode == -9
 
 
-def _live_processes_of(uid: int, wait_s: float = 5.0) -> list[str]:
-    """Processes of ``uid`` that are not zombies (killed ones whose parent has not reaped them
-    yet), once they had ``wait_s`` to go."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        live = []
-        for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-            if _owner(pid) != uid:
-                continue
-            try:
-                state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if state != "Z":
-                live.append(pid)
-        if not live or time.monotonic() > deadline:
-            return live
-        time.sleep(0.1)
-
-
 EXITS_WITH_OPEN_SANDBOXES = """
 import asyncio, json, os, sys
 from agentrl.sandbox import Limits, create_sandbox
@@ -265,9 +245,9 @@ def test_a_process_exiting_with_open_sandboxes_removes_them_at_exit(backend):
     if backend == "bwrap":
         assert [n for n in os.listdir(sandbox_root()) if n.startswith(f"ws-{pid}-")] == []
     if backend == "docker":
-        import docker
+        from agentrl.sandbox._docker_api import get_client
 
-        left = docker.from_env().containers.list(all=True, filters={"label": "agentrl.sandbox=1"})
+        left = get_client().containers.list(all=True, filters={"label": "agentrl.sandbox=1"})
         assert [c.name for c in left if c.labels.get("agentrl.owner_pid") == pid] == []
 
 
