@@ -125,6 +125,8 @@ class SeedSource:
 
     def __init__(self, n_samples: int = 2) -> None:
         self.n_samples, self.next_id = n_samples, 0
+        self.returned: list[list[Sample]] = []
+        """Groups handed back by the runner (partial rollouts); kept, never served again."""
 
     def get_samples(self, num_samples: int) -> list[list[Sample]]:
         groups = []
@@ -136,7 +138,7 @@ class SeedSource:
         return groups
 
     def add_samples(self, samples) -> None:
-        pass
+        self.returned.extend(samples)
 
 
 def test_env_generated_overlong_prompt_is_skipped_and_reported(caplog):
