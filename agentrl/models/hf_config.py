@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["EMBEDDED_MODEL_TYPES", "architecture", "check_safetensors_headers", "check_supported",
-           "load_tokenizer", "read_config", "read_safetensors", "rope_theta", "safetensors_files"]
+           "load_tokenizer", "read_config", "read_safetensors", "rope_theta", "safetensors_files",
+           "safetensors_specs"]
 
 EMBEDDED_MODEL_TYPES = ("qwen2", "llama")
 """Model types the embedded engine serves (the Megatron trainer also trains ``qwen3``, whose
@@ -130,13 +131,24 @@ def safetensors_files(root: str | Path, error: type[Exception]) -> list[Path]:
 def check_safetensors_headers(root: str | Path, error: type[Exception]) -> None:
     """Reads the header of every weight file (not the tensors: milliseconds for any model).
 
+    Raises:
+        error: See :func:`safetensors_specs`.
+    """
+    safetensors_specs(root, error)
+
+
+def safetensors_specs(root: str | Path, error: type[Exception]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Every tensor's dtype and shape, ``{name: (dtype, shape)}``, from the headers of a Hugging
+    Face directory's weight files (not the tensors: milliseconds for any model).
+
     A safetensors file starts with the byte length of a JSON header (8 bytes, little-endian),
-    then the header, which maps each tensor to a byte range of the rest of the file.
+    then the header, which maps each tensor to its dtype, shape and byte range in the file.
 
     Raises:
         error: A missing weight file, or one that is cut short, not safetensors, or whose
             tensors reach past its end; names the file.
     """
+    specs: dict[str, tuple[str, tuple[int, ...]]] = {}
     for file in safetensors_files(root, error):
         size = file.stat().st_size
         with file.open("rb") as f:
@@ -147,13 +159,16 @@ def check_safetensors_headers(root: str | Path, error: type[Exception]) -> None:
                             "damaged, cut short, or another format)")
             try:
                 header = json.loads(f.read(length))
-                ends = [int(entry["data_offsets"][1]) for name, entry in header.items()
-                        if name != "__metadata__"]
+                tensors = {name: entry for name, entry in header.items() if name != "__metadata__"}
+                ends = [int(entry["data_offsets"][1]) for entry in tensors.values()]
+                specs.update({name: (str(entry["dtype"]), tuple(int(d) for d in entry["shape"]))
+                              for name, entry in tensors.items()})
             except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
                 raise error(f"{file} has a damaged safetensors header ({type(exc).__name__})") from exc
         if ends and 8 + length + max(ends) > size:
             raise error(f"{file} is cut short: its header describes {8 + length + max(ends)} "
                         f"bytes, the file has {size}")
+    return specs
 
 
 def read_safetensors(root: str | Path, error: type[Exception]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Where engine actors go: the placement bundles the placement flags ask for.
 
-Shared by the embedded engine actors (:mod:`agentrl.orchestration.engines`) and the SGLang
-servers (:mod:`agentrl.orchestration.sglang_servers`).
+Shared by the embedded engine actors (:mod:`agentrl.orchestration.engines`) and the inference
+servers (:mod:`agentrl.orchestration.servers`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from agentrl.errors import ConfigError, PluginError
 from agentrl.orchestration.cluster import ClusterConfig
 from agentrl.orchestration.sinks import WANDB_MODES, require_wandb
 from agentrl.orchestration.validation import check_files, validate_together
-from agentrl.rollout.config import RolloutConfig, collect_sglang_args
+from agentrl.rollout.config import RolloutConfig, collect_server_args
 from agentrl.trainer.config import TrainerConfig
 
 __all__ = ["Args", "RunConfig", "build_parser", "parse_args"]
@@ -83,8 +83,8 @@ class Args:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """``train.py``'s parser: one flag per config field (``--sglang-*`` flags are collected
-    apart, by :func:`parse_args`)."""
+    """``train.py``'s parser: one flag per config field (``--sglang-*`` and ``--vllm-*`` flags
+    are collected apart, by :func:`parse_args`)."""
     # allow_abbrev=False: a prefix such as --num-roll must not quietly mean --num-rollout
     parser = argparse.ArgumentParser(prog="train.py", allow_abbrev=False,
                                      description="agentrl: RL for tool-using agents")
@@ -101,7 +101,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Args:
     """
     parser = build_parser()
     namespace, unknown = parser.parse_known_args(argv)
-    namespace.sglang_args, unknown = collect_sglang_args(unknown)
+    namespace.sglang_args, unknown = collect_server_args(unknown, "sglang")
+    namespace.vllm_args, unknown = collect_server_args(unknown, "vllm")
     if unknown:
         parser.error(unknown_flags_message(parser, unknown))
     try:

@@ -76,14 +76,15 @@ def start_trainer(args: Args, checkpoint: str | Path, *, in_background: bool = F
 
 
 async def serve_policy(rollout: Any, cluster: Any, checkpoint: str | Path, trainer: Any = None) -> Engine:
-    """The rollout's engine: SGLang servers (``--rollout-backend sglang`` / ``sglang-compat``),
+    """The rollout's engine: inference servers (``--rollout-backend sglang`` / ``sglang-compat`` /
+    ``vllm``),
     embedded engine actors when ``--rollout-num-gpus`` / ``--colocate`` ask for them, else the
     embedded engine in this process (loaded in a thread). ``--rollout-concurrency`` is split
     evenly over engines."""
     if rollout.rollout_backend != "embedded":
-        from agentrl.orchestration.sglang_servers import launch_sglang  # imports aiohttp
+        from agentrl.orchestration.servers import launch_servers  # imports aiohttp
 
-        return await launch_sglang(rollout, cluster, checkpoint, trainer=trainer)
+        return await launch_servers(rollout, cluster, checkpoint, trainer=trainer)
     if not cluster.engine_actors:
         from agentrl.rollout.build import load_policy_engine
 

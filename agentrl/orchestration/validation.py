@@ -75,12 +75,12 @@ def check_files(args: Args) -> None:
         except ConfigError as exc:
             raise ConfigError(f"--hf-checkpoint {checkpoint}: {exc}") from exc
         model_type = raw.get("model_type")
-        if rollout.rollout_backend != "sglang" and model_type not in EMBEDDED_MODEL_TYPES:
+        if rollout.rollout_backend not in ("sglang", "vllm") and model_type not in EMBEDDED_MODEL_TYPES:
             raise ConfigError(
                 f"--hf-checkpoint {checkpoint} is a {model_type!r} model; "
                 f"--rollout-backend {rollout.rollout_backend} serves "
                 f"{' and '.join(EMBEDDED_MODEL_TYPES)} models: serve it with --rollout-backend "
-                "sglang")
+                "sglang or vllm")
         try:
             check_safetensors_headers(checkpoint, ConfigError)
         except ConfigError as exc:
@@ -140,7 +140,7 @@ def _check_placement(args: Args) -> None:
             raise ConfigError(
                 f"--rollout-num-gpus-per-engine {cluster.rollout_num_gpus_per_engine}: the "
                 "embedded engine serves one device per engine; tensor-parallel engines need "
-                "--rollout-backend sglang")
+                "--rollout-backend sglang or vllm")
         return
     if not (cluster.engine_actors or rollout.rollout_engine_urls):
         raise ConfigError(f"--rollout-backend {backend} launches servers as Ray actors: add "
@@ -155,6 +155,23 @@ def _check_placement(args: Args) -> None:
     if backend == "sglang-compat" and cluster.rollout_num_gpus_per_engine != 1:
         raise ConfigError("--rollout-backend sglang-compat serves one device per engine: "
                           "--rollout-num-gpus-per-engine must be 1")
+    if backend == "vllm" and cluster.colocate and not _has_cuda():
+        raise ConfigError("--colocate with --rollout-backend vllm releases the servers' memory "
+                          "while the trainer runs (vLLM's sleep mode), which frees nothing on a "
+                          "machine without GPUs: drop --colocate and give the servers their own "
+                          "--rollout-num-gpus")
+    if backend == "vllm" and cluster.colocate and "enable-sleep-mode" not in rollout.vllm_args:
+        raise ConfigError("--colocate with --rollout-backend vllm needs --vllm-enable-sleep-mode "
+                          "(the servers release their memory while the trainer runs)")
+    if backend == "vllm" and cluster.rollout_num_gpus_per_engine != 1 and not _has_cuda():
+        raise ConfigError("--rollout-num-gpus-per-engine above 1 makes tensor-parallel vLLM "
+                          "servers, which need GPUs")
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _check_weight_sync(args: Args) -> None:
@@ -163,9 +180,14 @@ def _check_weight_sync(args: Args) -> None:
         raise ConfigError(f"--use-fault-tolerance with --rollout-backend {backend} restarts a "
                           "server from the latest weights on disk: use --weight-sync disk (or "
                           f"auto), not {sync}")
-    if sync == "broadcast" and backend == "embedded":
+    if sync == "broadcast" and backend in ("embedded", "vllm"):
         raise ConfigError("--weight-sync broadcast is for SGLang servers: use it with "
-                          "--rollout-backend sglang (or sglang-compat)")
+                          "--rollout-backend sglang (or sglang-compat); vLLM servers load each "
+                          "version from disk (--weight-sync disk, the default)")
+    if sync == "tensor" and backend == "vllm":
+        raise ConfigError("--weight-sync tensor: vLLM servers take tensors only through vLLM's "
+                          "NCCL or CUDA-IPC transfer, which agentrl does not drive; use "
+                          "--weight-sync disk (the default for vLLM)")
 
 
 def _check_algorithm(args: Args) -> None:

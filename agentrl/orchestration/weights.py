@@ -1,7 +1,7 @@
 """Getting the trainer's weights to the engines: one strategy, chosen once at start-up.
 
 :func:`weight_sync_for` picks the strategy from ``--weight-sync`` and the engine that serves the
-rollout (``auto``: disk for SGLang servers, tensors otherwise) and the trainer (in this process,
+rollout (``auto``: disk for SGLang and vLLM servers, tensors otherwise) and the trainer (in this process,
 or ranks in Ray actors); ``train.py`` then calls :meth:`WeightSync.push` after every
 ``--update-weights-interval`` rollouts.
 
@@ -155,17 +155,17 @@ def weight_sync_for(engine: Engine, actor: Trainer, mode: str, output_dir: str |
         engine: The rollout's engine (embedded, an engine group, or SGLang servers).
         actor: The trainer (in this process, or a :class:`~agentrl.orchestration.cluster.
             TrainerGroup` of Ray actors).
-        mode: ``tensor``, ``disk``, ``broadcast`` or ``auto`` (disk for SGLang servers, else
-            tensor).
+        mode: ``tensor``, ``disk``, ``broadcast`` or ``auto`` (disk for SGLang and vLLM
+            servers, else tensor).
         output_dir: The run's folder; ``disk`` writes under ``<output_dir>/weights``.
 
     Raises:
         ConfigError: ``broadcast`` for an engine that is not SGLang servers, or an unknown mode.
     """
     if mode == "auto":
-        from agentrl.rollout.engine.sglang import SGLangEngine
+        from agentrl.rollout.engine.http import HTTPEngine
 
-        mode = "disk" if isinstance(engine, SGLangEngine) else "tensor"
+        mode = "disk" if isinstance(engine, HTTPEngine) else "tensor"
     if mode == "tensor":
         return TensorSync(engine, actor)
     if mode == "disk":

@@ -16,21 +16,27 @@ EMBEDDED_SGLANG_ARGS = frozenset({"context-length"})
 """``--sglang-*`` settings the embedded engine honours."""
 COMPAT_SGLANG_ARGS = frozenset({"context-length", "max-running-requests", "random-seed"})
 """``--sglang-*`` settings agentrl's SGLang-compatible server takes."""
-BACKENDS = ("embedded", "sglang", "sglang-compat")
+BACKENDS = ("embedded", "sglang", "sglang-compat", "vllm")
 OVERLONG_PROMPTS = ("skip", "cut")
 """The choices of ``--overlong-prompts`` (see :mod:`agentrl.rollout.overlong`)."""
 
 
-def collect_sglang_args(tokens: list[str]) -> tuple[dict[str, str | None], list[str]]:
-    """Splits ``--sglang-X VALUE`` / ``--sglang-X=VALUE`` / bare ``--sglang-X`` out of
-    command-line tokens that argparse did not recognise; returns them and the other tokens."""
+SERVER_FLAG_PREFIXES = ("sglang", "vllm")
+"""``--sglang-X`` / ``--vllm-X``: settings passed on to the servers of that backend."""
+
+
+def collect_server_args(tokens: list[str], prefix: str) -> tuple[dict[str, str | None], list[str]]:
+    """Splits ``--<prefix>-X VALUE`` / ``--<prefix>-X=VALUE`` / bare ``--<prefix>-X`` out of
+    command-line tokens that argparse did not recognise; returns them (``{"X": VALUE}``, ``None``
+    for a bare switch) and the other tokens."""
+    lead = f"--{prefix}-"
     found: dict[str, str | None] = {}
     rest: list[str] = []
     i = 0
     while i < len(tokens):
         token = tokens[i]
-        if token.startswith("--sglang-") and len(token) > len("--sglang-"):
-            name, sep, inline = token[len("--sglang-"):].partition("=")
+        if token.startswith(lead) and len(token) > len(lead):
+            name, sep, inline = token[len(lead):].partition("=")
             value: str | None = inline
             if not sep:
                 following = tokens[i + 1] if i + 1 < len(tokens) else None
@@ -108,9 +114,12 @@ class RolloutConfig:
     rollout_backend: str = option("embedded", "what serves the policy: embedded (agentrl's torch "
                                   "engine), sglang (SGLang servers: python -m sglang.launch_server, "
                                   "GPU), sglang-compat (agentrl's SGLang-compatible server over the "
-                                  "embedded engine: the SGLang path on CPU)", choices=BACKENDS)
-    rollout_engine_urls: list[str] = option([], "already running SGLang servers to use instead of "
-                                            "launching them (--rollout-backend sglang*)", nargs="*")
+                                  "embedded engine: the SGLang path on CPU), vllm (vLLM servers: "
+                                  "python -m vllm.entrypoints.openai.api_server, GPU or CPU)",
+                                  choices=BACKENDS)
+    rollout_engine_urls: list[str] = option([], "already running SGLang or vLLM servers to use "
+                                            "instead of launching them (--rollout-backend sglang* "
+                                            "or vllm)", nargs="*")
     rollout_router_url: str | None = option(None, "an already running sglang-router in front of "
                                             "--rollout-engine-urls")
     router_policy: str = option("cache_aware", "the sglang-router started for several SGLang "
@@ -119,7 +128,11 @@ class RolloutConfig:
                                 choices=("cache_aware", "round_robin", "random", "power_of_two", "none"))
     sglang_args: dict[str, str | None] = dataclasses.field(default_factory=dict, metadata={"cli": False})
     """``--sglang-X [VALUE]`` flags, ``{"X": VALUE}``: SGLang server arguments (``--X VALUE``),
-    collected by :func:`collect_sglang_args`. The embedded engine honours ``context-length``."""
+    collected by :func:`collect_server_args`. The embedded engine honours ``context-length``."""
+    vllm_args: dict[str, str | None] = dataclasses.field(default_factory=dict, metadata={"cli": False})
+    """``--vllm-X [VALUE]`` flags, ``{"X": VALUE}``: vLLM server arguments (``--X VALUE``) for
+    ``--rollout-backend vllm``, over agentrl's defaults
+    (:func:`~agentrl.orchestration.servers.vllm_defaults`)."""
     rollout_temperature: float = option(1.0, "sampling temperature (0: greedy)")
     rollout_top_p: float = option(1.0, "nucleus sampling mass")
     rollout_top_k: int = option(-1, "top-k sampling (-1: all)")
@@ -172,6 +185,7 @@ class RolloutConfig:
                 and self.custom_generate_function_path is None):
             raise ConfigError("no reward: without --env, pass --custom-rm-path (or a "
                               "--custom-generate-function-path that sets sample.reward)")
+        self._check_server_args()
         allowed = {"embedded": EMBEDDED_SGLANG_ARGS, "sglang-compat": COMPAT_SGLANG_ARGS}.get(self.rollout_backend)
         unsupported = sorted(set(self.sglang_args) - allowed) if allowed is not None else []
         if unsupported:
@@ -192,8 +206,11 @@ class RolloutConfig:
             raise ConfigError(f"--rollout-backend must be one of {', '.join(BACKENDS)}, got "
                               f"{self.rollout_backend!r}")
         if (self.rollout_engine_urls or self.rollout_router_url) and self.rollout_backend == "embedded":
-            raise ConfigError("--rollout-engine-urls / --rollout-router-url name SGLang servers: add "
-                              "--rollout-backend sglang (or sglang-compat)")
+            raise ConfigError("--rollout-engine-urls / --rollout-router-url name inference servers: "
+                              "add --rollout-backend sglang (or sglang-compat, or vllm)")
+        if self.rollout_router_url and self.rollout_backend == "vllm":
+            raise ConfigError("--rollout-router-url is an sglang-router; vLLM servers are routed by "
+                              "agentrl (each episode on one server): drop it")
         if self.rollout_router_url and not self.rollout_engine_urls:
             raise ConfigError("--rollout-router-url needs --rollout-engine-urls too (aborts and "
                               "weight updates go to every server directly)")
@@ -207,10 +224,37 @@ class RolloutConfig:
         if duplicate:
             raise ConfigError(f"--eval-prompt-data names must be unique; repeated: {sorted(duplicate)}")
 
+    def _check_server_args(self) -> None:
+        if self.vllm_args and self.rollout_backend != "vllm":
+            name = next(iter(self.vllm_args))
+            raise ConfigError(f"--vllm-{name} is passed on to vLLM servers: add --rollout-backend "
+                              "vllm, or drop it")
+        if self.sglang_args and self.rollout_backend == "vllm":
+            name = next(iter(self.sglang_args))
+            raise ConfigError(f"--sglang-{name} is an SGLang server setting; --rollout-backend vllm "
+                              "takes --vllm-* flags (vLLM's own names: --vllm-max-model-len, "
+                              "--vllm-max-num-seqs, ...)")
+        if "max-model-len" in self.vllm_args:
+            value = self.vllm_args["max-model-len"]
+            if value is None or not value.isdigit() or int(value) < 1:
+                raise ConfigError(f"--vllm-max-model-len must be a positive integer, got {value!r}")
+        if self.rollout_backend == "vllm" and "logprobs-mode" not in self.vllm_args:
+            from agentrl.rollout.engine.vllm import logprobs_mode_for
+
+            if logprobs_mode_for(self.rollout_temperature, self.rollout_top_p, self.rollout_top_k) is None:
+                raise ConfigError(
+                    f"--rollout-temperature {self.rollout_temperature} with --rollout-top-p / "
+                    "--rollout-top-k truncation: vLLM reports log-probabilities either before the "
+                    "temperature or after the truncation, never the untruncated tempered ones the "
+                    "trainer compares with. Drop the truncation, use temperature 1, or pass "
+                    "--vllm-logprobs-mode yourself")
+
     @property
     def engine_context_len(self) -> int | None:
-        """The engine's context length from ``--sglang-context-length`` (None: the model's)."""
-        value = self.sglang_args.get("context-length")
+        """The engine's context length from ``--sglang-context-length`` (``--vllm-max-model-len``
+        with vLLM; None: the model's)."""
+        value = (self.vllm_args.get("max-model-len") if self.rollout_backend == "vllm"
+                 else self.sglang_args.get("context-length"))
         return int(value) if value is not None else None
 
     @property

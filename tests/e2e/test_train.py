@@ -240,6 +240,26 @@ def test_sglang_backend_through_the_router(tmp_path):
     assert bad.returncode == 2 and "--rollout-num-gpus" in bad.stderr
 
 
+def test_vllm_backend_with_two_servers(tmp_path):
+    """--rollout-backend vllm: two real vLLM servers as Ray actors; each version is reloaded from
+    disk into both after every rollout, and every sample records the version that produced it."""
+    from tests.support.vllm import require_vllm
+
+    require_vllm()
+    out = tmp_path / "run"
+    done = train(*TINY_RUN, "--num-rollout", "2", "--rollout-backend", "vllm", "--rollout-num-gpus", "2",
+                 "--output-dir", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    first = (out / "trajectories" / "rollout_00000.jsonl").read_text().splitlines()
+    second = (out / "trajectories" / "rollout_00001.jsonl").read_text().splitlines()
+    assert len(second) == 4 and {json.loads(line)["weight_version"] for line in first} == {"0"}
+    assert {json.loads(line)["weight_version"] for line in second} == {"1"}
+    assert [p.name for p in (out / "weights").iterdir()] == ["v2"]
+    bad = train(*TINY_RUN, "--rollout-backend", "vllm", "--rollout-num-gpus", "1", "--weight-sync", "tensor",
+                cwd=tmp_path)
+    assert bad.returncode == 2 and "use --weight-sync disk" in bad.stderr
+
+
 def test_a_plugin_that_fails_every_sample_stops_the_run_and_says_why(tmp_path):
     """Regression: a custom generate that raised failed 100% of the samples, and the run still
     trained on nothing and exited 0 with only rollout/failed=N to show for it."""

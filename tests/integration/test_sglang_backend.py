@@ -221,10 +221,9 @@ def test_fault_tolerance_restarts_a_dead_server_with_the_latest_weights(tmp_path
     import ray
 
     from agentrl.orchestration.cluster import ClusterConfig, start_ray
-    from agentrl.orchestration.sglang_servers import launch_sglang
-    from agentrl.rollout import RolloutRunner, env_factory, load_data_source, make_rollout_context
+    from agentrl.orchestration.servers import launch_servers
     from agentrl.rollout.config import RolloutConfig
-    from agentrl.rollout.sample import Status
+    from tests.support.servers import rollout_with_a_server_killed
 
     cluster = ClusterConfig(rollout_num_gpus=2, use_fault_tolerance=True, rollout_health_check_interval=0.5)
     args = RolloutConfig(env="calc", max_turns=3, rollout_batch_size=8, n_samples_per_prompt=4,
@@ -232,24 +231,10 @@ def test_fault_tolerance_restarts_a_dead_server_with_the_latest_weights(tmp_path
                          router_policy="none")
 
     async def scenario() -> None:
-        engine = await launch_sglang(args, cluster, build_tiny_model())
+        engine = await launch_servers(args, cluster, build_tiny_model())
         try:
             await engine.update_weights(path=str(build_tiny_model()), version="5")
-            runner = RolloutRunner.from_context(make_rollout_context(args, engine, env_factory(args)),
-                                             load_data_source(args))
-            rollout = asyncio.create_task(runner.generate(0))
-            await asyncio.sleep(0.3)
-            engine.servers.kill_server(0)
-            batch = await rollout
-            await runner.close()
-            keys = [(s.group_id, s.index) for s in batch.samples]
-            assert len(keys) == 32 and len(set(keys)) == 32
-            assert {s.status for s in batch.samples} <= {Status.COMPLETED, Status.TRUNCATED}
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 120
-            while engine.servers.restarts < 1 or engine.down:
-                assert loop.time() < deadline, "the server was not restarted"
-                await asyncio.sleep(0.2)
+            await rollout_with_a_server_killed(engine, args, restart_s=120)
             restarted = engine.servers.urls[0]
             with urllib.request.urlopen(f"{restarted}/model_info") as answer:
                 assert json.load(answer)["weight_version"] == "5"

@@ -18,16 +18,21 @@ SOURCES = sorted([*(REPO / "agentrl").rglob("*.py"), *(REPO / "envs").rglob("*.p
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*[a-z0-9](?:-\*)?")
 """A flag, or a family of them written ``--eval-*``."""
 
-PASSED_THROUGH = "--sglang"
-"""``--sglang-X`` flags go to SGLang servers as ``--X`` (see
-agentrl.rollout.config.collect_sglang_args); docstrings write them ``--sglang-X`` or
+PASSED_THROUGH = ("--sglang", "--vllm")
+"""``--sglang-X`` / ``--vllm-X`` flags go to SGLang / vLLM servers as ``--X`` (see
+agentrl.rollout.config.collect_server_args); docstrings write them ``--sglang-X`` or
 ``--sglang-*``."""
 
 THIRD_PARTY = {
-    # SGLang's server and router (agentrl.orchestration.sglang_servers launches them; docstrings
+    # SGLang's server and router (agentrl.orchestration.servers launches them; docstrings
     # name the server settings that --sglang-* flags reach)
     "--model-path", "--host", "--port", "--tp-size", "--context-length", "--log-level",
     "--prometheus-port", "--worker-urls", "--enable-memory-saver", "--tool-call-parser",
+    # vLLM's OpenAI-compatible server (agentrl.orchestration.servers; --vllm-* flags reach them)
+    "--model", "--tensor-parallel-size", "--enable-scale-out", "--enable-prompt-tokens-details",
+    "--logprobs-mode", "--max-model-len", "--dtype", "--kv-cache-memory-bytes",
+    "--enforce-eager", "--enable-sleep-mode", "--seed", "--max-num-seqs",
+    "--gpu-memory-utilization", "--no-enforce-eager",
     # bubblewrap, nsenter, setpriv and prlimit: the command lines of the bwrap and process
     # sandboxes (agentrl.sandbox.bwrap, agentrl.sandbox.local)
     "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "--hostname",

@@ -1,7 +1,8 @@
 """Inference engines behind one token-in/token-out contract (:class:`Engine`).
 
-:class:`EmbeddedEngine` runs the policy in process with torch (CPU or CUDA); the SGLang client
-comes later. The contract (:mod:`agentrl.rollout.engine.base`) does not import torch, and neither
+:class:`EmbeddedEngine` runs the policy in process with torch (CPU or CUDA);
+:mod:`~agentrl.rollout.engine.sglang` and :mod:`~agentrl.rollout.engine.vllm` are the clients of
+SGLang and vLLM servers (over :mod:`~agentrl.rollout.engine.http`). The contract (:mod:`agentrl.rollout.engine.base`) does not import torch, and neither
 does this package until ``EmbeddedEngine`` is first asked for, so that importing the contract
 (which runs this file first) stays light.
 """

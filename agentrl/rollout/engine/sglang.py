@@ -5,11 +5,10 @@ Token-in/token-out: ``/generate`` with ``input_ids`` and ``return_logprob``; the
 their log-probabilities come from ``meta_info.output_token_logprobs``. Every request carries its
 rid (``r<rollout>-g<group>-s<sample>-t<turn>``) and, as ``routing_key``, its episode, so a router
 keeps an episode on one worker (prefix cache). Requests go to the router when there is one, else
-straight to a worker chosen per episode (fewest requests in flight); control calls (abort, pause,
-weight updates, memory release) always go to every worker, because the router does not forward
-them. One ``aiohttp`` session is shared by all requests; a semaphore bounds requests in flight
-(``concurrency`` per worker); connection errors and 5xx answers are retried with exponential
-backoff (a retried request has the same rid and sampling seed, so it samples the same tokens).
+straight to a worker chosen per episode; control calls (abort, pause, weight updates, memory
+release) always go to every worker, because the router does not forward them. Routing, retries,
+concurrency bounds and failover are :class:`~agentrl.rollout.engine.http.HTTPEngine`'s, shared
+with the vLLM client.
 
 Weight updates follow SGLang's protocol: ``pause_generation`` (in place) -> push
 (``update_weights_from_disk`` with ``flush_cache``) -> ``continue_generation``, with the version
@@ -22,19 +21,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Literal
 
 from agentrl.errors import EngineError
-from agentrl.rollout.engine.base import (
-    Engine,
-    EpisodeAffinity,
-    GenerateOutput,
-    SamplingParams,
-    episode_key,
-)
+from agentrl.rollout.engine.base import GenerateOutput, SamplingParams, episode_key
+from agentrl.rollout.engine.http import HTTPEngine
 
-__all__ = ["SGLangEngine", "WorkerUnreachable", "generate_request", "serialize_named_tensors",
+__all__ = ["SGLangEngine", "generate_request", "serialize_named_tensors",
            "tensor_buckets"]
 
 log = logging.getLogger(__name__)
@@ -90,11 +84,7 @@ def serialize_named_tensors(pairs: Sequence[tuple[str, Any]]) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-class WorkerUnreachable(EngineError):
-    """A server did not accept the connection (it died or never started)."""
-
-
-class SGLangEngine(Engine):
+class SGLangEngine(HTTPEngine):
     """SGLang servers as one engine.
 
     Build it with :meth:`connect` (waits until every worker generates); :meth:`close` releases
@@ -102,117 +92,34 @@ class SGLangEngine(Engine):
 
     Args:
         worker_urls: Every server's base URL (``http://host:port``).
-        router_url: An ``sglang-router`` in front of them; ``None`` routes here.
-        tokenizer: The served model's tokenizer (the rollout renders chats with it).
-        max_context_len: The servers' context length.
-        concurrency: Requests in flight per worker.
-        max_retries: Retries of a request after a connection error or a 5xx answer.
-        timeout_s: Seconds one request may take.
-        weight_version: The version the servers started with.
-        tp_size: Tensor-parallel ranks per server (one serialized entry each in tensor pushes).
         bucket_bytes: Largest tensor-push request.
+        **kwargs: :class:`~agentrl.rollout.engine.http.HTTPEngine`'s (``router_url``,
+            ``tokenizer``, ``max_context_len``, ``concurrency``, ``max_retries``, ``timeout_s``,
+            ``weight_version``, ``tp_size``: one serialized entry per rank in tensor pushes).
     """
 
-    def __init__(
-        self, worker_urls: Sequence[str], *, router_url: str | None = None, tokenizer: Any = None,
-        max_context_len: int | None = None, concurrency: int = 64, max_retries: int = 5,
-        timeout_s: float = 3600.0, weight_version: str = "0", tp_size: int = 1,
-        bucket_bytes: int = 512 * 2**20,
-    ) -> None:
-        if not worker_urls:
-            raise EngineError("SGLangEngine needs at least one worker URL")
-        self.workers = [u.rstrip("/") for u in worker_urls]
-        self.router = router_url.rstrip("/") if router_url else None
-        self.tokenizer = tokenizer
-        self.max_context_len = max_context_len
-        self.max_retries = max_retries
-        self.timeout_s = timeout_s
-        self.tp_size = tp_size
+    server_name = "SGLang"
+    health_path = "/health_generate"
+
+    def __init__(self, worker_urls: Sequence[str], *, bucket_bytes: int = 512 * 2**20,
+                 **kwargs: Any) -> None:
+        super().__init__(worker_urls, **kwargs)
         self.bucket_bytes = bucket_bytes
-        self._version = str(weight_version)
-        self._limit = max(1, concurrency) * len(self.workers)
-        self._semaphore: asyncio.Semaphore | None = None
-        self._session: Any = None
-        self._inflight = dict.fromkeys(self.workers, 0)
-        self._affinity: EpisodeAffinity[str] = EpisodeAffinity()
-        self.stats = {"requests": 0, "retries": 0, "failovers": 0}
-        self.last_weights_path: str | None = None
-        """The directory of the latest ``update_weights(path=...)`` (a restarted server loads it)."""
-        self.servers: Any = None
-        """Whoever started the servers (they stop when this engine closes), if not the caller."""
-        self.down: set[str] = set()
-        """Workers found unreachable (skipped until :meth:`readmit`)."""
         self._released = False
         self._resuming = asyncio.Lock()
-        self.on_close: list[Callable[[], Awaitable[None]]] = []
-        """Called by :meth:`close` (e.g. stopping servers this run started)."""
 
-    @classmethod
-    async def connect(cls, worker_urls: Sequence[str], *, wait_s: float = 600.0,
-                      alive: Callable[[], bool] | None = None, **kwargs: Any) -> SGLangEngine:
-        """Waits (up to ``wait_s``) until every worker answers ``/health_generate``, reads the
-        context length from ``/server_info`` and returns the engine.
+    async def _read_context_len(self, url: str) -> int:
+        info = await self._request("GET", f"{url}/server_info")
+        return int(info["context_length"])
 
-        Args:
-            worker_urls: The servers.
-            wait_s: How long a server may take to come up.
-            alive: For servers started by the caller: False once one of them has exited (no
-                point waiting longer).
-            **kwargs: The constructor's.
-
-        Raises:
-            EngineError: A worker did not come up in time, or exited.
-        """
-        engine = cls(worker_urls, **kwargs)
-        deadline = time.monotonic() + wait_s
-        for url in engine.workers:
-            while not await engine._healthy(url):
-                if alive is not None and not alive():
-                    await engine.close()
-                    raise EngineError(f"SGLang server {url} exited while starting")
-                if time.monotonic() > deadline:
-                    await engine.close()
-                    raise EngineError(f"SGLang server {url} did not answer /health_generate "
-                                      f"within {wait_s:.0f} s")
-                await asyncio.sleep(0.5)
-        if engine.max_context_len is None:
-            info = await engine._request("GET", f"{engine.workers[0]}/server_info")
-            engine.max_context_len = int(info["context_length"])
-        return engine
-
-    # --- Engine API -----------------------------------------------------------------------
-
-    @property
-    def weight_version(self) -> str:
-        return self._version
-
-    async def generate(
-        self, input_ids: list[int], sampling: SamplingParams, rid: str | None = None
-    ) -> GenerateOutput:
-        """See :meth:`Engine.generate`. Through the router when there is one."""
-        if self._semaphore is None:
-            self._semaphore = asyncio.Semaphore(self._limit)
+    async def _before_generate(self) -> None:
         if self._released:
             await self._resume_all()
-        body = generate_request(input_ids, sampling, rid)
-        async with self._semaphore:
-            while True:
-                worker = self.router or self._worker_for(episode_key(rid))
-                failover = self.router is None and len(self.workers) - len(self.down) > 1
-                self._inflight[worker] = self._inflight.get(worker, 0) + 1
-                try:
-                    # without a router, an unreachable worker is left at once for a live one
-                    answer = await self._request("POST", f"{worker}/generate", body,
-                                                 retry_unreachable=not failover)
-                    break
-                except WorkerUnreachable:
-                    if not failover:
-                        raise
-                    self._mark_down(worker)
-                    self.stats["failovers"] += 1
-                finally:
-                    self._inflight[worker] -= 1
-        self.stats["requests"] += 1
+
+    async def _generate_on(self, base_url: str, input_ids: list[int], sampling: SamplingParams,
+                           rid: str | None, *, retry_unreachable: bool) -> GenerateOutput:
+        answer = await self._request("POST", f"{base_url}/generate", generate_request(input_ids, sampling, rid),
+                                     retry_unreachable=retry_unreachable)
         if isinstance(answer, list):  # a batch answer to a single request: take its only item
             answer = answer[0]
         return GenerateOutput.from_sglang(answer)
@@ -339,9 +246,6 @@ class SGLangEngine(Engine):
                 await self._each("POST", "/resume_memory_occupation", {})
                 self._released = False
 
-    async def health(self) -> bool:
-        return any(await asyncio.gather(*(self._healthy(u) for u in self.workers)))
-
     async def wait_router(self, process: Any = None, wait_s: float = 120.0) -> None:
         """Waits until the router answers ``/health`` and routes a request (it probes its
         workers first).
@@ -369,111 +273,6 @@ class SGLangEngine(Engine):
             if time.monotonic() > deadline:
                 raise EngineError(f"sglang-router at {self.router} did not route within {wait_s:.0f} s")
             await asyncio.sleep(0.3)
-
-    async def close(self) -> None:
-        """Closes the HTTP session, then runs :attr:`on_close`. Safe to call twice."""
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
-        callbacks, self.on_close = self.on_close, []
-        for callback in callbacks:
-            await callback()
-
-    # --- HTTP -----------------------------------------------------------------------------
-
-    def _mark_down(self, worker: str) -> None:
-        if worker not in self.down:
-            log.warning("SGLang server %s is unreachable; its episodes continue on the others", worker)
-            self.down.add(worker)
-            self._affinity.forget(worker)
-
-    def readmit(self, worker: str) -> None:
-        """Routes to ``worker`` again (after it was restarted)."""
-        self.down.discard(worker)
-
-    def replace_worker(self, old: str, new: str) -> None:
-        """``old`` was replaced by a server at ``new`` (kept down until :meth:`readmit`)."""
-        self.workers = [new if u == old else u for u in self.workers]
-        self._inflight[new] = self._inflight.pop(old, 0)
-        if old in self.down:
-            self.down.discard(old)
-            self.down.add(new)
-        self._affinity.forget(old)
-
-    def _worker_for(self, episode: str | None) -> str:
-        live = [u for u in self.workers if u not in self.down] or self.workers
-        return self._affinity.pick(episode, live, lambda u: self._inflight.get(u, 0))
-
-    async def _client(self) -> Any:
-        if self._session is None:
-            import aiohttp
-
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                connector=aiohttp.TCPConnector(limit=self._limit + 2 * len(self.workers)),
-            )
-        return self._session
-
-    async def _request(self, method: str, url: str, body: Any = None, *,
-                       retry_unreachable: bool = True) -> Any:
-        """One HTTP call with retries; the decoded JSON answer (or ``None`` for an empty one).
-
-        Raises:
-            EngineError: A 4xx answer (not retried), or retries exhausted.
-            WorkerUnreachable: A connection error, with ``retry_unreachable`` off or retries
-                exhausted.
-        """
-        import aiohttp
-
-        session = await self._client()
-        delay = 0.25
-        for attempt in range(self.max_retries + 1):
-            unreachable = False
-            try:
-                async with session.request(method, url, json=body) as response:
-                    text = await response.text()
-                    if response.status < 400:
-                        return _json(text)
-                    if response.status < 500:
-                        raise EngineError(f"{method} {url}: HTTP {response.status}: {text[:500]}")
-                    problem = f"HTTP {response.status}: {text[:200]}"
-            except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:  # noqa: UP041
-                problem, unreachable = f"{type(exc).__name__}: {exc}", True
-                if not retry_unreachable:
-                    raise WorkerUnreachable(f"{method} {url}: {problem}") from exc
-            if attempt < self.max_retries:
-                self.stats["retries"] += 1
-                log.warning("%s %s failed (%s); retry %d in %.2f s", method, url, problem, attempt + 1, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 8.0)
-        error = WorkerUnreachable if unreachable else EngineError
-        raise error(f"{method} {url} failed after {self.max_retries + 1} attempts: {problem}")
-
-    async def _each(self, method: str, path: str, body: Any = None) -> list[Any]:
-        """Calls every reachable worker (one marked down is skipped)."""
-        live = [u for u in self.workers if u not in self.down]
-        return list(await asyncio.gather(*(self._request(method, f"{u}{path}", body) for u in live)))
-
-    async def _healthy(self, url: str) -> bool:
-        import aiohttp
-
-        session = await self._client()
-        try:
-            async with session.get(f"{url}/health_generate", timeout=aiohttp.ClientTimeout(total=30)) as r:
-                return r.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError):  # noqa: UP041
-            return False
-
-
-def _json(text: str) -> Any:
-    import json
-
-    if not text.strip():
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text  # some control endpoints answer plain text
 
 
 def _load(answer: Any) -> int:

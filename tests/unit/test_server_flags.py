@@ -1,5 +1,5 @@
-"""``--sglang-*`` flags: collected for SGLang engines, honoured or refused (with the reason) by the
-embedded engine."""
+"""``--sglang-*`` and ``--vllm-*`` flags: collected for their servers, honoured or refused (with the
+reason) by the other backends; the servers' command lines."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from agentrl.errors import ConfigError
 from agentrl.orchestration.flags import parse_args
-from agentrl.rollout.config import RolloutConfig, collect_sglang_args
+from agentrl.rollout.config import RolloutConfig, collect_server_args
 
 
 @pytest.fixture(autouse=True)
@@ -17,8 +17,8 @@ def _fresh_cwd(tmp_path, monkeypatch):
 
 
 def test_collect_sglang_args_forms():
-    found, rest = collect_sglang_args(["--sglang-mem-fraction-static", "0.8", "--sglang-log-level=INFO",
-                                       "--sglang-enable-torch-compile", "--other", "x"])
+    found, rest = collect_server_args(["--sglang-mem-fraction-static", "0.8", "--sglang-log-level=INFO",
+                                       "--sglang-enable-torch-compile", "--other", "x"], "sglang")
     assert found == {"mem-fraction-static": "0.8", "log-level": "INFO", "enable-torch-compile": None}
     assert rest == ["--other", "x"]
 
@@ -46,15 +46,15 @@ def test_unknown_flags_are_still_errors(capsys):
 
 
 def test_server_and_router_command_lines():
-    from agentrl.orchestration.sglang_servers import router_command, server_command
+    from agentrl.orchestration.servers import router_command, server_command
 
     command = server_command("sglang", "/models/q", port=30001, tp_size=2, seed=7,
-                             sglang_args={"mem-fraction-static": "0.8", "enable-memory-saver": None})
+                             server_args={"mem-fraction-static": "0.8", "enable-memory-saver": None})
     assert command[1:3] == ["-m", "sglang.launch_server"]
     text = " ".join(command)
     assert "--model-path /models/q --host 127.0.0.1 --port 30001 --tp-size 2" in text
     assert "--mem-fraction-static 0.8 --enable-memory-saver --random-seed 7" in text
-    compat = server_command("sglang-compat", "/m", port=1, sglang_args={"random-seed": "3"}, seed=9)
+    compat = server_command("sglang-compat", "/m", port=1, server_args={"random-seed": "3"}, seed=9)
     assert compat[2] == "agentrl.rollout.engine.sglang_compat_server" and "--tp-size" not in compat
     assert compat[-2:] == ["--random-seed", "3"]  # an explicit flag wins over the run's seed
     router = router_command(["http://a:1", "http://b:2"], port=5, policy="round_robin")
@@ -69,6 +69,22 @@ def test_server_and_router_command_lines():
       "--rollout-num-gpus", "1"], "servers are someone else's"),
     (["--rollout-num-gpus", "2", "--rollout-num-gpus-per-engine", "2"], "tensor-parallel engines"),
     (["--rollout-engine-urls", "http://a:1"], "add --rollout-backend sglang"),
+    (["--vllm-max-num-seqs", "8"], "--vllm-max-num-seqs is passed on to vLLM servers"),
+    (["--rollout-backend", "vllm", "--rollout-num-gpus", "1", "--sglang-context-length", "9"],
+     "takes --vllm-* flags"),
+    (["--rollout-backend", "vllm", "--rollout-num-gpus", "1", "--vllm-max-model-len", "big"],
+     "--vllm-max-model-len must be a positive integer"),
+    (["--rollout-backend", "vllm", "--rollout-num-gpus", "1", "--rollout-temperature", "0.7",
+      "--rollout-top-p", "0.9"], "never the untruncated tempered ones"),
+    (["--rollout-backend", "vllm", "--rollout-engine-urls", "http://a:1", "--rollout-router-url",
+      "http://r:1"], "vLLM servers are routed by agentrl"),
+    (["--rollout-backend", "vllm", "--rollout-num-gpus", "1", "--weight-sync", "tensor"],
+     "use --weight-sync disk"),
+    (["--rollout-backend", "vllm", "--rollout-num-gpus", "1", "--weight-sync", "broadcast"],
+     "vLLM servers load each version from disk"),
+    (["--rollout-backend", "vllm", "--colocate"], "frees nothing on a machine without GPUs"),
+    (["--rollout-backend", "vllm", "--rollout-num-gpus", "2", "--rollout-num-gpus-per-engine", "2"],
+     "tensor-parallel vLLM servers, which need GPUs"),
     (["--rollout-backend", "sglang", "--rollout-router-url", "http://r:1", "--rollout-num-gpus", "1"],
      "--rollout-router-url needs --rollout-engine-urls"),
 ])
@@ -88,3 +104,35 @@ def test_broadcast_weight_sync_needs_sglang(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--env", "calc", "--weight-sync", "broadcast"])
     assert "--weight-sync broadcast is for SGLang servers" in capsys.readouterr().err
+
+
+def test_vllm_command_line_takes_the_defaults_unless_a_flag_overrides_them():
+    from agentrl.orchestration.servers import _merged, server_command, vllm_defaults
+
+    rollout = parse_args(["--env", "calc", "--rollout-backend", "vllm", "--rollout-num-gpus", "1",
+                          "--vllm-no-enforce-eager", "--vllm-max-num-seqs", "8",
+                          "--vllm-gpu-memory-utilization=0.5"]).rollout
+    assert rollout.vllm_args == {"no-enforce-eager": None, "max-num-seqs": "8", "gpu-memory-utilization": "0.5"}
+    defaults = vllm_defaults(rollout, gpu=False)
+    assert defaults["logprobs-mode"] == "processed_logprobs" and defaults["dtype"] == "float32"
+    args = _merged(defaults, rollout.vllm_args)
+    assert "enforce-eager" not in args and "kv-cache-memory-bytes" not in args  # overridden
+    command = server_command("vllm", "/m", port=9, tp_size=1, server_args=args, seed=4)
+    assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    text = " ".join(command)
+    assert "--model /m --host 127.0.0.1 --port 9 --tensor-parallel-size 1" in text
+    assert "--enable-scale-out --enable-prompt-tokens-details --logprobs-mode processed_logprobs" in text
+    assert "--no-enforce-eager --max-num-seqs 8 --gpu-memory-utilization 0.5 --seed 4" in text
+    on_gpu = vllm_defaults(rollout, gpu=True)
+    assert "dtype" not in on_gpu and "enforce-eager" not in on_gpu
+
+
+@pytest.mark.parametrize(("temperature", "top_p", "top_k", "mode"), [
+    (1.0, 1.0, -1, "processed_logprobs"), (0.7, 1.0, -1, "processed_logprobs"),
+    (0.0, 1.0, -1, "processed_logprobs"), (1.0, 0.9, -1, "raw_logprobs"), (0.0, 1.0, 5, "raw_logprobs"),
+    (0.7, 0.9, -1, None), (0.7, 1.0, 20, None),
+])
+def test_the_vllm_logprobs_mode_matches_what_the_trainer_recomputes(temperature, top_p, top_k, mode):
+    from agentrl.rollout.engine.vllm import logprobs_mode_for
+
+    assert logprobs_mode_for(temperature, top_p, top_k) == mode

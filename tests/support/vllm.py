@@ -1,0 +1,77 @@
+"""A real vLLM server on the built-in tiny model, started the way agentrl starts one
+(:func:`agentrl.orchestration.servers.server_command` with :func:`vllm_defaults`), for tests and
+benchmarks.
+
+vLLM is installed by ``make test`` (``scripts/setup-vllm.sh``); where it is not, the tests that
+need it are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+from agentrl.models import build_tiny_model
+from agentrl.orchestration.servers import _merged, server_command, vllm_defaults, vllm_model_dir
+from agentrl.rollout.config import RolloutConfig
+from tests.support.distributed import free_port
+
+START_TIMEOUT_S = 900.0
+"""A cold start on a loaded 2-core machine (eager mode: about a minute when idle)."""
+
+
+def require_vllm() -> None:
+    import pytest
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed (make test installs it with scripts/setup-vllm.sh)")
+
+
+@contextlib.contextmanager
+def vllm_server(log: Path, *, seed: int = 0, model: str | Path | None = None,
+                rollout: RolloutConfig | None = None) -> Iterator[str]:
+
+    """A vLLM server with agentrl's defaults for ``rollout``'s sampling flags; its base URL.
+    Its output goes to ``log`` (shown when it fails to start)."""
+    port = free_port()
+    args = _merged(vllm_defaults(rollout or RolloutConfig(env="calc"), gpu=False), {})
+    served = vllm_model_dir(model or build_tiny_model(), gpu=False, workdir=log.parent)
+    command = server_command("vllm", served, port=port, server_args=args, seed=seed)
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    with log.open("ab") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not _healthy(url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"vLLM did not start (exit {proc.poll()}):\n"
+                                     f"{log.read_text(errors='replace')[-4000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the engine core, should it outlive the server
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
