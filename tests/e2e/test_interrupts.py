@@ -112,7 +112,9 @@ class Run:
         from agentrl.sandbox._docker_api import get_client
 
         client = get_client()  # the daemon agentrl uses (DOCKER_HOST, or the private one)
-        found = client.containers.list(all=True, filters={"label": f"agentrl.owner_pid={self.pid}"})
+        # ignore_removed: a container removed between the listing and its inspection is gone
+        found = client.containers.list(all=True, ignore_removed=True,
+                                       filters={"label": f"agentrl.owner_pid={self.pid}"})
         return [c.name for c in found]
 
     def processes(self) -> list[str]:

@@ -240,6 +240,13 @@ def test_sglang_backend_through_the_router(tmp_path):
     assert bad.returncode == 2 and "--rollout-num-gpus" in bad.stderr
 
 
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # the process ended meanwhile
+        return b""
+
+
 def test_vllm_backend_with_two_servers(tmp_path):
     """--rollout-backend vllm: two real vLLM servers as Ray actors; each version is reloaded from
     disk into both after every rollout, and every sample records the version that produced it."""
@@ -255,6 +262,10 @@ def test_vllm_backend_with_two_servers(tmp_path):
     assert len(second) == 4 and {json.loads(line)["weight_version"] for line in first} == {"0"}
     assert {json.loads(line)["weight_version"] for line in second} == {"1"}
     assert [p.name for p in (out / "weights").iterdir()] == ["v2"]
+    # the servers and their engine cores stopped with the run (their models lived in its work dir)
+    left = [p for p in Path("/proc").glob("[0-9]*")
+            if b"agentrl-vllm-" in _read(p / "cmdline") and b"api_server" in _read(p / "cmdline")]
+    assert left == []
     bad = train(*TINY_RUN, "--rollout-backend", "vllm", "--rollout-num-gpus", "1", "--weight-sync", "tensor",
                 cwd=tmp_path)
     assert bad.returncode == 2 and "use --weight-sync disk" in bad.stderr

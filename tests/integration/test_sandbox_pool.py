@@ -247,7 +247,7 @@ def test_a_process_exiting_with_open_sandboxes_removes_them_at_exit(backend):
     if backend == "docker":
         from agentrl.sandbox._docker_api import get_client
 
-        left = get_client().containers.list(all=True, filters={"label": "agentrl.sandbox=1"})
+        left = get_client().containers.list(all=True, ignore_removed=True, filters={"label": "agentrl.sandbox=1"})
         assert [c.name for c in left if c.labels.get("agentrl.owner_pid") == pid] == []
 
 
