@@ -20,6 +20,7 @@ take from here:
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import json
 import logging
@@ -143,8 +144,9 @@ class HTTPEngine(Engine):
         if self.max_context_len is None:
             self.max_context_len = await self._read_context_len(url)
 
+    @abc.abstractmethod
     async def _read_context_len(self, url: str) -> int:
-        raise NotImplementedError
+        """The server's context length (tokens a request may hold)."""
 
     # --- Engine API -----------------------------------------------------------------------
 
@@ -179,10 +181,10 @@ class HTTPEngine(Engine):
         self.stats["requests"] += 1
         return output
 
+    @abc.abstractmethod
     async def _generate_on(self, base_url: str, input_ids: list[int], sampling: SamplingParams,
                            rid: str | None, *, retry_unreachable: bool) -> GenerateOutput:
         """One request to ``base_url`` (a worker or the router), through :meth:`_request`."""
-        raise NotImplementedError
 
     async def _before_generate(self) -> None:
         """Runs before each request (e.g. taking back memory released for a colocated trainer)."""
