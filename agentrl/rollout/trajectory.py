@@ -103,7 +103,7 @@ class Trajectory:
     def append_env(
         self, history: Sequence[Mapping[str, Any]], new_messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None, *, tools_s: float = 0.0,
-        min_generation_room: int = 1,
+        min_generation_room: int = 1, cut: bool = True,
     ) -> tuple[list[dict[str, Any]], bool]:
         """Appends the environment's reply as the template delta (loss mask 0).
 
@@ -117,6 +117,8 @@ class Trajectory:
             tools: Tool schemas given to the chat template.
             tools_s: Seconds the tools took, recorded on the turn.
             min_generation_room: Tokens that must stay free for the next assistant turn.
+            cut: False never shortens a message (an OpenAI client's messages are kept as sent):
+                a reply too long for the budget does not fit.
 
         Returns:
             ``(messages as appended, fits)``. ``fits`` is False when even emptied tool results
@@ -126,16 +128,25 @@ class Trajectory:
         if self.last_turn_ids()[-len(self.end_of_turn_ids):] != self.end_of_turn_ids:
             prefix = list(self.end_of_turn_ids)
         room = self.budget - len(prefix) - min_generation_room
-        messages, delta = fit_env_messages(self.renderer, history, new_messages, tools, room)
+        if cut:
+            messages, delta = fit_env_messages(self.renderer, history, new_messages, tools, room)
+        else:
+            messages = [dict(m) for m in new_messages]
+            delta = self.renderer.env_delta_ids(history, messages, tools)
+            delta = delta if len(delta) <= room else None
         if delta is None:
             return messages, False
         self.sample.turns[-1].tools_s = tools_s  # the assistant turn whose calls ran
-        start = self.sample.response_length
-        self._append(prefix + delta, None, mask=0)
         names = [str(m.get("name", "")) for m in messages if m.get("role") == "tool"]
-        self.sample.turns.append(Turn("environment", start, self.sample.response_length,
-                                      tool_names=names))
+        self.append_env_ids(prefix + delta, tool_names=names)
         return messages, True
+
+    def append_env_ids(self, ids: Sequence[int], *, tool_names: Sequence[str] = ()) -> None:
+        """Appends ids the model did not sample (loss mask 0) as one environment turn."""
+        start = self.sample.response_length
+        self._append(ids, None, mask=0)
+        self.sample.turns.append(Turn("environment", start, self.sample.response_length,
+                                      tool_names=list(tool_names)))
 
     def _append(self, ids: Sequence[int], logprobs: Sequence[float] | None, mask: int) -> None:
         s = self.sample
