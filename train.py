@@ -59,6 +59,7 @@ async def main(argv: list[str]) -> None:
                 stop.watch(actor.ray_lost, "Ray's own processes were stopped by the same signal")
             weights = weight_sync_for(engine, actor, run.weight_sync, run.output_dir)  # chosen once
             ctx = make_rollout_context(rollout, engine, envs)
+            closing.push_async_callback(ctx.aclose)  # a black-box agent's gateway, if any
             runner = RolloutRunner.from_context(ctx, data)
             closing.push_async_callback(runner.close)
             runner.on_group_done = log.progress.group_done

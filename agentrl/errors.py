@@ -74,6 +74,22 @@ class EngineError(AgentRLError):
     do not match the model)."""
 
 
+class PolicyServerError(AgentRLError):
+    """An OpenAI-compatible server playing the policy (``agentrl eval --policy openai``) refused
+    a request, kept failing after the retries, or replied with something that is not a chat
+    completion. The message names the URL, the HTTP status and the server's own message.
+
+    Attributes:
+        url: The endpoint requested, when known.
+        status: The HTTP status of the last reply (``None``: no reply, e.g. a timeout).
+    """
+
+    def __init__(self, message: str, *, url: str | None = None, status: int | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.status = status
+
+
 class RewardError(AgentRLError):
     """A custom reward function or model failed or returned something that is not a number."""
 

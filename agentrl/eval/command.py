@@ -7,6 +7,10 @@ runs is :func:`agentrl.eval.runner.evaluate_sets`, the evaluation ``train.py`` r
 
     agentrl eval --env calc --policy oracle --limit 20
     agentrl eval --env calc --policy model --hf-checkpoint DIR --n-samples 4 --output out.json
+    agentrl eval --env calc --policy openai --base-url http://127.0.0.1:8000/v1 --model NAME
+
+``--policy openai`` plays any OpenAI-compatible chat server with its native tool calling
+(:mod:`agentrl.eval.openai_policy`).
 """
 
 from __future__ import annotations
@@ -15,17 +19,23 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from agentrl.config import add_arguments, from_namespace, option
 from agentrl.errors import ConfigError
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.sample import Sample
 
-__all__ = ["EvalConfig", "add_eval_arguments", "evaluate", "format_table", "parse_eval_config", "run_eval"]
+if TYPE_CHECKING:  # aiohttp is imported only when the openai policy runs
+    from agentrl.eval.openai_policy import OpenAITurns
 
-POLICIES = ("oracle", "null", "model")
+__all__ = ["EvalConfig", "add_eval_arguments", "evaluate", "format_table", "openai_turns",
+           "parse_eval_config", "run_eval"]
+
+POLICIES = ("oracle", "null", "model", "openai")
 
 ALIASES = {
     "eval_max_prompts": ["--limit"],
@@ -34,6 +44,7 @@ ALIASES = {
     "rollout_max_response_len": ["--max-response-len"],
     "rollout_max_context_len": ["--max-context-len"],
     "rollout_concurrency": ["--concurrency"],
+    "agent_function_path": ["--agent"],
 }
 """``agentrl eval``'s short flags, each another name of a ``train.py`` flag."""
 
@@ -44,17 +55,47 @@ class EvalConfig:
 
     policy: str = option("oracle", "who plays: the env's scripted expert (oracle), a policy "
                          "that does no work (null), or a language model served by the embedded "
-                         "engine (model: --hf-checkpoint, default the built-in tiny model)",
+                         "engine (model: --hf-checkpoint, default the built-in tiny model), or "
+                         "an OpenAI-compatible chat server (openai: --base-url, --model)",
                          choices=POLICIES)
     split: str = option("test", "the task split of --env evaluated when no --eval-prompt-data "
                         "or --eval-env set is given")
     output: str | None = option(None, "summary JSON path; the episodes go beside it as "
                                 "<stem>.episodes.jsonl")
+    base_url: str | None = option(None, "--policy openai: the server's API root, under which "
+                                  "/chat/completions is, e.g. http://127.0.0.1:8000/v1")
+    model: str | None = option(None, "--policy openai: the model name the server serves (its "
+                               "/models lists them)")
+    api_key_env: str = option("OPENAI_API_KEY", "--policy openai: the environment variable "
+                              "holding the API key, sent as a bearer token; unset or empty: no "
+                              "key is sent (local servers need none)")
+    request_timeout: float = option(120.0, "--policy openai: seconds one request may take")
+    max_retries: int = option(4, "--policy openai: retries of a request that failed with HTTP "
+                              "429, 5xx, a timeout or a connection error (exponential backoff, "
+                              "or the server's Retry-After)")
 
     def validate(self) -> None:
-        """Raises ConfigError naming the flag: an unknown policy, an unwritable output."""
+        """Raises ConfigError naming the flag: an unknown policy, an unwritable output,
+        ``--policy openai`` without ``--base-url`` or ``--model``, a ``--base-url`` that is not
+        http(s), a ``--request-timeout`` that is not positive, a negative ``--max-retries``."""
         if self.policy not in POLICIES:
             raise ConfigError(f"--policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.policy == "openai":
+            if not self.base_url:
+                raise ConfigError("--policy openai needs --base-url: the server's API root, "
+                                  "e.g. http://127.0.0.1:8000/v1")
+            if not self.model:
+                raise ConfigError("--policy openai needs --model: the model name the server "
+                                  "serves (GET <base-url>/models lists them)")
+        if self.base_url is not None:
+            parts = urlsplit(self.base_url)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise ConfigError(f"--base-url must be an http:// or https:// URL, got "
+                                  f"{self.base_url!r}")
+        if not self.request_timeout > 0:
+            raise ConfigError(f"--request-timeout must be > 0 seconds, got {self.request_timeout}")
+        if self.max_retries < 0:
+            raise ConfigError(f"--max-retries must be >= 0, got {self.max_retries}")
         if self.output is not None:
             path = Path(self.output)
             try:  # fail now, not after the episodes have run
@@ -82,6 +123,11 @@ def parse_eval_config(namespace: argparse.Namespace) -> tuple[RolloutConfig, Eva
     if vars(namespace).get("env") is None:
         raise ConfigError("--env is required: the env whose tasks are evaluated")
     rollout = from_namespace(RolloutConfig, namespace)
+    if rollout.has_agent:  # a black-box agent plays against the model, through the gateway
+        if evaluation.policy not in ("oracle", "model"):
+            raise ConfigError(f"--agent / --agent-command play against the model (--hf-checkpoint) "
+                              f"through agentrl's gateway; drop --policy {evaluation.policy}")
+        evaluation = dataclasses.replace(evaluation, policy="model")
     return rollout, evaluation
 
 
@@ -120,20 +166,50 @@ async def _play_sets(rollout: RolloutConfig, evaluation: EvalConfig, envs: Any, 
     from agentrl.rollout.episode import SCRIPTED_POLICIES, ScriptedTurns
 
     engine = None
+    client = None
+    ctx = None
     try:
         if evaluation.policy == "model":
             engine = load_policy_engine(rollout)
             ctx = make_rollout_context(rollout, engine, envs)
             label = f"model:{rollout.hf_checkpoint or 'tiny'}"
+            if ctx.agents is not None:
+                label = f"agent:{ctx.agents.agent.name} on {label}"
+        elif evaluation.policy == "openai":
+            client = openai_turns(rollout, evaluation)
+            ctx = scripted_context(rollout, client, envs)
+            label = f"openai:{evaluation.model}"
         else:
             turns = ScriptedTurns(SCRIPTED_POLICIES[evaluation.policy], evaluation.policy)
             ctx = scripted_context(rollout, turns, envs)
             label = evaluation.policy
         return await evaluate_sets(ctx, sets, "eval"), label
     finally:
+        if ctx is not None:
+            await ctx.aclose()
         if engine is not None:
             await engine.close()
+        if client is not None:
+            await client.close()
         await envs.aclose()
+
+
+def openai_turns(rollout: RolloutConfig, evaluation: EvalConfig) -> OpenAITurns:
+    """The :class:`~agentrl.eval.openai_policy.OpenAITurns` of ``--policy openai``: the eval
+    sampling flags (``--eval-temperature``, else ``--rollout-temperature``; ``--rollout-top-p``;
+    ``--rollout-max-response-len`` as ``max_tokens``; ``--rollout-stop``), the key from the
+    variable ``--api-key-env`` names (none when it is unset or empty)."""
+    from agentrl.eval.openai_policy import OpenAITurns
+
+    assert evaluation.base_url is not None and evaluation.model is not None  # validate() checked
+    temperature = (rollout.eval_temperature if rollout.eval_temperature is not None
+                   else rollout.rollout_temperature)
+    return OpenAITurns(evaluation.base_url, evaluation.model,
+                       api_key=os.environ.get(evaluation.api_key_env) or None,
+                       temperature=temperature, top_p=rollout.rollout_top_p,
+                       max_tokens=rollout.rollout_max_response_len, stop=rollout.rollout_stop,
+                       request_timeout=evaluation.request_timeout,
+                       max_retries=evaluation.max_retries)
 
 
 def run_eval(namespace: argparse.Namespace) -> int:
@@ -179,6 +255,7 @@ def format_table(name: str, policy: str, metrics: dict[str, Any]) -> str:
         ("mean turns", f"{metrics['mean_turns']:.2f}"),
         ("tool calls", str(metrics["tool_calls"])),
         ("tool errors", ", ".join(f"{k}={v}" for k, v in metrics["tool_errors"].items()) or "none"),
+        *_usage_rows(metrics),
         ("failed episodes", str(metrics["failed"])),
         *((f"  {count} x", reason) for reason, count in metrics["errors"].items()),
         ("time/episode (s)", f"policy {t['policy']:.3f}  tools {t['tools']:.3f}  "
@@ -189,3 +266,12 @@ def format_table(name: str, policy: str, metrics: dict[str, Any]) -> str:
         rows.append(("skipped rows", str(metrics["skipped_rows"])))
     width = max(len(key) for key, _ in rows)
     return "\n".join(f"{key.ljust(width)}  {value}" for key, value in rows)
+
+
+def _usage_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
+    """The token-usage row of a policy server's episodes (none when no tokens were counted)."""
+    usage = metrics.get("usage")
+    if not usage or not usage["total_tokens"]:
+        return []
+    return [("tokens", f"prompt {usage['prompt_tokens']}  completion "
+                       f"{usage['completion_tokens']}  total {usage['total_tokens']}")]

@@ -8,6 +8,9 @@ from typing import Any
 
 from agentrl.rollout.sample import Sample, Status
 
+USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
+"""The keys of a sample's ``metadata["usage"]`` and of the summary's ``usage``."""
+
 SUCCESS_REWARD = 1.0 - 1e-9
 """A sample or episode succeeded when its reward reaches this (1.0 on binary-reward tasks, with
 room for float noise): what success rates and pass@k count everywhere."""
@@ -72,7 +75,10 @@ def summarize(groups: Sequence[Sequence[Sample]]) -> dict[str, Any]:
         ``errors`` (the first line of each failure's reason -> count), ``mean_turns``,
         ``mean_response_len`` (tokens), ``tool_calls``, ``tool_errors`` (kind -> count),
         ``time_per_episode_s`` (``policy``, ``tools``, ``grading`` and ``total`` seconds per
-        episode; ``total`` from reset to the end, the rest inside it).
+        episode; ``total`` from reset to the end, the rest inside it); and ``usage``, only
+        when some sample has ``metadata["usage"]`` (episodes a policy server played, see
+        :mod:`agentrl.eval.openai_policy`): ``prompt_tokens``, ``completion_tokens`` and
+        ``total_tokens`` summed over those samples.
     """
     samples = [s for g in groups for s in g]
     count = len(samples) or 1
@@ -115,4 +121,8 @@ def summarize(groups: Sequence[Sequence[Sample]]) -> dict[str, Any]:
             "total": mean(s.metadata.get("episode_s", 0.0) for s in samples),
         },
     })
+    usages = [s.metadata["usage"] for s in samples if "usage" in s.metadata]
+    if usages:
+        totals = {key: sum(int(u.get(key, 0)) for u in usages) for key in USAGE_KEYS[:2]}
+        out["usage"] = {**totals, "total_tokens": sum(totals.values())}
     return out

@@ -140,7 +140,7 @@ def write_episodes(path: str | Path, groups: Sequence[Sequence[Sample]]) -> None
                                    for name in t.tool_names],
                     "tool_errors": meta.get("tool_errors", {}), "error": meta.get("error"),
                     "tool_outputs_cut": meta.get("tool_outputs_cut", 0),
-                    "response_length": s.response_length,
+                    "response_length": s.response_length, "usage": meta.get("usage"),
                     "messages": meta.get("messages", []),
                 }
                 f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")

@@ -52,6 +52,15 @@ def validate_together(args: Args) -> Args:
     _check_output_dir(args)
     _check_eval(args)
     rollout, trainer = args.rollout, args.trainer
+    if rollout.has_agent and rollout.gateway_segments == "all":
+        # every segment of an episode is a sample: a rollout's sample count varies, so each of
+        # the --num-steps-per-rollout steps takes an equal share of whatever it produced
+        if trainer.global_batch_size is not None:
+            raise ConfigError("--global-batch-size: with --gateway-segments all a rollout has as "
+                              "many samples as its episodes have segments; drop it (each of "
+                              "--num-steps-per-rollout steps takes an equal share)")
+        steps = trainer.num_steps_per_rollout or 1
+        return dataclasses.replace(args, trainer=dataclasses.replace(trainer, num_steps_per_rollout=steps))
     shape = batch_shape(trainer, rollout.rollout_batch_size * rollout.n_samples_per_prompt)
     return dataclasses.replace(args, trainer=dataclasses.replace(trainer, **shape._asdict()))
 
@@ -109,6 +118,10 @@ def check_plugins(rollout: RolloutConfig) -> None:
 
     if rollout.custom_generate_function_path:
         load_custom_generate(rollout.custom_generate_function_path)
+    if rollout.agent_function_path:
+        from agentrl.rollout.agents import FunctionAgent
+
+        FunctionAgent(rollout.agent_function_path)
     for name, preferred in (("dynamic_sampling_filter_path", ()), ("buffer_filter_path", ()),
                             ("custom_rm_path", ("CustomRewardModel",))):
         spec = getattr(rollout, name)

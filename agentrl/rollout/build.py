@@ -109,7 +109,15 @@ def make_rollout_context(config: RolloutConfig, engine: Engine, envs: EnvFactory
         raise ConfigError(f"--overlong-prompts cut leaves room for one --rollout-max-response-len "
                           f"({config.rollout_max_response_len}) turn, which the context of {limit} "
                           "tokens cannot hold: lower it or pass --rollout-max-context-len")
-    return RolloutContext(config, engine, renderer, sampling_from_config(config, renderer), limit, envs)
+    agents = None
+    if config.has_agent:
+        from agentrl.rollout.agents import AgentPlayer, load_agent
+
+        agent = load_agent(config.agent_function_path, config.agent_command, config.agent_timeout)
+        assert agent is not None
+        agents = AgentPlayer(agent, config, engine, renderer, limit)
+    return RolloutContext(config, engine, renderer, sampling_from_config(config, renderer), limit,
+                          envs, agents=agents)
 
 
 def scripted_context(config: RolloutConfig, turns: TurnSource, envs: EnvFactory) -> RolloutContext:

@@ -144,6 +144,18 @@ class RolloutConfig:
     custom_rm_path: str | None = option(None, "reward function or CustomRewardModel class "
                                         "(file.py, file.py:name or module:name)")
     rm_model_path: str | None = option(None, "model_path given to a CustomRewardModel class")
+    # black-box agents (agentrl.rollout.agents), through the OpenAI-compatible gateway
+    agent_function_path: str | None = option(
+        None, "async run(task, endpoint) -> reward | dict | None playing each episode through "
+        "the gateway (file.py:run or module:name)")
+    agent_command: str | None = option(None, "a program playing each episode through the "
+                                       "gateway (OPENAI_BASE_URL, OPENAI_API_KEY, OPENAI_MODEL "
+                                       "set; the task as JSON on stdin)")
+    agent_timeout: float = option(600.0, "seconds a black-box agent may take per episode")
+    gateway_segments: str = option("last", "what a black-box agent's episode trains on when it "
+                                   "rewrote its history: last (the segment that ended it) or all "
+                                   "(every segment, each a sample of the group with the "
+                                   "episode's reward)", choices=("last", "all"))
     # evaluation
     eval_prompt_data: list[list[str]] = option(
         [], "a named eval set: NAME PATH (repeatable)", nargs=2, action="append",
@@ -182,9 +194,18 @@ class RolloutConfig:
             raise ConfigError("nothing to roll out: pass --env ID (its tasks) and/or "
                               "--prompt-data FILE")
         if (self.env is None and self.custom_rm_path is None
-                and self.custom_generate_function_path is None):
+                and self.custom_generate_function_path is None and not self.has_agent):
             raise ConfigError("no reward: without --env, pass --custom-rm-path (or a "
                               "--custom-generate-function-path that sets sample.reward)")
+        plays = [name for name in ("custom_generate_function_path", "agent_function_path",
+                                   "agent_command") if getattr(self, name)]
+        if len(plays) > 1:
+            raise ConfigError(f"{flag(plays[0])} and {flag(plays[1])} both say who plays the "
+                              "episodes: keep one")
+        if self.agent_timeout <= 0:
+            raise ConfigError(f"--agent-timeout must be > 0, got {self.agent_timeout}")
+        if self.gateway_segments not in ("last", "all"):
+            raise ConfigError(f"--gateway-segments must be last or all, got {self.gateway_segments!r}")
         self._check_server_args()
         allowed = {"embedded": EMBEDDED_SGLANG_ARGS, "sglang-compat": COMPAT_SGLANG_ARGS}.get(self.rollout_backend)
         unsupported = sorted(set(self.sglang_args) - allowed) if allowed is not None else []
@@ -248,6 +269,11 @@ class RolloutConfig:
                     "temperature or after the truncation, never the untruncated tempered ones the "
                     "trainer compares with. Drop the truncation, use temperature 1, or pass "
                     "--vllm-logprobs-mode yourself")
+
+    @property
+    def has_agent(self) -> bool:
+        """A black-box agent plays the episodes (``--agent-function-path`` / ``--agent-command``)."""
+        return bool(self.agent_function_path or self.agent_command)
 
     @property
     def engine_context_len(self) -> int | None:

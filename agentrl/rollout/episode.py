@@ -5,7 +5,8 @@ limit truncates it, the context is full, or the turn source stops it. Where the 
 come from is a :class:`TurnSource`: the engine's sampled tokens (:class:`EngineTurns`, training
 and model evaluation), or a scripted policy such as the env's oracle (:class:`ScriptedTurns`,
 demonstrations and ``agentrl eval --policy oracle``). Custom generate functions drive the same
-:class:`Episode` step by step (:mod:`agentrl.rollout.custom`).
+:class:`Episode` step by step (:mod:`agentrl.rollout.custom`); black-box agents play it through
+the gateway (:mod:`agentrl.rollout.agents`).
 
 With a chat renderer the episode is built token-in/token-out into the sample (prompt ids, the
 turns' ids with loss mask 1, the env's replies as template deltas with loss mask 0; see
@@ -24,6 +25,8 @@ a turn hit ``--rollout-max-response-len``  truncated    ``length``
 context full (``--rollout-max-context-len``) truncated  ``context``
 the prompt alone fills the context         skipped      ``overlong_prompt`` (not played)
 engine aborted the request                 aborted      ``abort`` (resumable)
+a black-box agent returned                 completed    ``agent``
+a black-box agent ran past its timeout     truncated    ``agent_timeout``
 env, tool plumbing, policy or template     failed       ``error`` (``metadata["error"]``)
 crashed
 ========================================  ===========  ==============================
@@ -211,6 +214,8 @@ class RolloutContext:
         rewards: The run's reward plug-ins (``--custom-rm-path``, per-row ones), loaded once.
         stopping: Set when the rollout has enough groups: episodes stop before their next
             turn (as aborted); in-flight engine requests are aborted by the rollout.
+        agents: The black-box agent that plays every episode instead of the turn source
+            (``--agent-function-path`` / ``--agent-command``), with its gateway.
     """
 
     config: RolloutConfig
@@ -222,6 +227,7 @@ class RolloutContext:
     turns: TurnSource | None = None
     rewards: RewardModels | None = None
     stopping: threading.Event = dataclasses.field(default_factory=threading.Event)
+    agents: Any = None
 
     def __post_init__(self) -> None:
         if self.rewards is None:
@@ -230,6 +236,11 @@ class RolloutContext:
             if self.engine is None:
                 raise ValueError("a rollout context needs an engine or a turn source")
             self.turns = EngineTurns(self.engine, self.sampling, self.config.rollout_seed)
+
+    async def aclose(self) -> None:
+        """Stops what the context started (the black-box agents' gateway)."""
+        if self.agents is not None:
+            await self.agents.aclose()
 
     @property
     def args(self) -> RolloutConfig:

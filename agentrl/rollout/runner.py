@@ -294,7 +294,11 @@ class RolloutRunner:
                     await run_custom_generate(self.custom_generate, self.ctx, todo, rid,
                                               evaluation=self.evaluation)
             return group
-        await asyncio.gather(*(self._play_sample(s, f"{rid}-s{s.index}") for s in group))
+        if self.ctx.agents is not None:
+            played = await asyncio.gather(*(self._play_agent(s, f"{rid}-s{s.index}") for s in group))
+            group = [s for samples in played for s in samples]
+        else:
+            await asyncio.gather(*(self._play_sample(s, f"{rid}-s{s.index}") for s in group))
         assert self.ctx.rewards is not None
         await self.ctx.rewards.apply([s for s in group if s.metadata.get("finish") != "abort"])
         return group
@@ -315,6 +319,16 @@ class RolloutRunner:
             await episode.run()
         if sample.status is Status.ABORTED:
             self.suspended[key] = episode
+
+    async def _play_agent(self, sample: Sample, rid: str) -> list[Sample]:
+        """A black-box agent's episode; an unfinished one is played afresh (an agent's own
+        state cannot be suspended)."""
+        if sample.status not in (Status.PENDING, Status.ABORTED):
+            return [sample]
+        sample.status, sample.reward = Status.PENDING, None
+        episode = Episode(self.ctx, sample, rid, record_messages=self.evaluation)
+        async with self._semaphore:
+            return await self.ctx.agents.play(episode, evaluation=self.evaluation)
 
     async def _stop(self, pending: set[asyncio.Task[list[Sample]]], rid_prefix: str
                     ) -> list[list[Sample]]:

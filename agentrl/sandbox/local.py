@@ -70,13 +70,17 @@ class LocalSandbox(Sandbox):
     """Shared machinery of host-process backends: workspace, uid, limits, spawning, timeouts,
     file I/O. Subclasses say how a command line is wrapped (:meth:`_command`)."""
 
-    def __init__(self, limits: Limits | None = None, *, tag: str = "") -> None:
+    def __init__(self, limits: Limits | None = None, *, tag: str = "", own_uid: bool = True) -> None:
         super().__init__(limits)
-        self.uid = _procs.allocate_uid() if _procs.IS_ROOT else os.getuid()
-        self.gid = self.uid if _procs.IS_ROOT else os.getgid()
+        # as root, a uid of its own (own_uid=False: the caller's, for code that must read the
+        # caller's files, e.g. a command agent running the project's Python)
+        self.own_uid = own_uid and _procs.IS_ROOT
+        self.uid = _procs.allocate_uid() if self.own_uid else os.getuid()
+        self.gid = self.uid if self.own_uid else os.getgid()
         self.tag = tag
         self.workspace: str | None = None
         self._mounted = False
+        self._groups: set[int] = set()  # process groups started here (killed on close)
         _procs.become_subreaper()
 
     @abc.abstractmethod
@@ -94,13 +98,13 @@ class LocalSandbox(Sandbox):
                    f"--fsize={limits.file_size_mb * 1024 * 1024}"]
         if cpu:
             options.append(f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}")
-        if _procs.IS_ROOT:
+        if self.own_uid:
             options.append(f"--nproc={limits.pids}")
         return ["prlimit", *options, "--"]
 
     def _drop_to_uid(self) -> list[str]:
         """``setpriv`` switching to the sandbox uid with no privileges left (root only)."""
-        if not _procs.IS_ROOT:
+        if not self.own_uid:
             return ["setpriv", "--no-new-privs", "--"]
         return ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups",
                 "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", "--"]
@@ -133,13 +137,16 @@ class LocalSandbox(Sandbox):
         await asyncio.to_thread(self._cleanup)
 
     def _cleanup(self) -> None:
+        if not self.own_uid:  # no uid to sweep: what is left of the commands' process groups
+            for group in self._groups:
+                kill_process_group(group)
         _procs.kill_uid(self.uid)
         _procs.reap_orphans(self.uid)
         if self.workspace is not None:
             if self._mounted:
                 subprocess.run(["umount", "-l", self.workspace], capture_output=True)
             shutil.rmtree(self.workspace, ignore_errors=True)
-        if _procs.IS_ROOT:
+        if self.own_uid:
             _procs.release_uid(self.uid)
 
     # -- running commands -----------------------------------------------------------------------
@@ -158,6 +165,7 @@ class LocalSandbox(Sandbox):
                     stdout=out_w, stderr=err_w, start_new_session=True, env=env, cwd=self.workspace,
                 )
                 _procs.track_child(process)
+                self._groups.add(process.pid)
         except (OSError, subprocess.SubprocessError) as exc:
             for fd in (out_r, err_r):
                 os.close(fd)
@@ -179,7 +187,7 @@ class LocalSandbox(Sandbox):
     async def _kill(self, spawned: Spawned) -> None:
         """Kills the command's process group and every process still holding its pipes."""
         kill_process_group(spawned.pid)
-        uid = self.uid if _procs.IS_ROOT else None
+        uid = self.uid if self.own_uid else None
         await asyncio.to_thread(_procs.kill_pipe_holders, spawned.inodes, uid)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(spawned.process.wait(), 5)
@@ -252,7 +260,7 @@ class LocalSandbox(Sandbox):
         if self.workspace is None:
             raise SandboxError("sandbox is not started")
         raw = data.encode() if isinstance(data, str) else data
-        owner = (self.uid, self.gid) if _procs.IS_ROOT else None
+        owner = (self.uid, self.gid) if self.own_uid else None
         cap = self.limits.file_size_mb * 1024 * 1024
         await asyncio.to_thread(write_workspace_file, self.workspace, path, raw, owner, cap)
 

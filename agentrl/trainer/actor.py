@@ -314,13 +314,20 @@ class MegatronActor:
         started = time.perf_counter()
         steps = c.num_steps_per_rollout or 1
         step_size = c.global_batch_size or len(batch.samples)
-        if step_size * steps != len(batch.samples):
+        if c.global_batch_size is None:  # a varying sample count: equal shares, in order
+            if len(batch.samples) < steps:
+                raise ConfigError(f"the rollout has {len(batch.samples)} samples, fewer than "
+                                  f"--num-steps-per-rollout {steps}")
+            bounds = [len(batch.samples) * i // steps for i in range(steps + 1)]
+            step_rows = [list(range(bounds[i], bounds[i + 1])) for i in range(steps)]
+        elif step_size * steps != len(batch.samples):
             raise ConfigError(
                 f"the rollout has {len(batch.samples)} samples but --global-batch-size x "
                 f"--num-steps-per-rollout = {step_size} x {steps}: check the batch equation")
+        else:
+            step_rows = [list(range(i * step_size, (i + 1) * step_size)) for i in range(steps)]
         if c.loss_type == "sft_loss":
-            history = [self._sft_step(batch, list(range(i * step_size, (i + 1) * step_size)))
-                       for i in range(steps)]
+            history = [self._sft_step(batch, rows) for rows in step_rows]
             metrics = {k: sum(h[k] for h in history) / len(history) for k in history[0]}
             elapsed = time.perf_counter() - started
             metrics["train_tokens_per_s"] = float(batch.lengths.sum()) * steps / max(elapsed, 1e-9)
@@ -336,8 +343,7 @@ class MegatronActor:
         )
         advantages = estimate.advantages
         history: list[dict[str, float]] = []
-        for step in range(steps):
-            rows = list(range(step * step_size, (step + 1) * step_size))
+        for rows in step_rows:
             metrics = self._step(batch, rows, advantages, old, ref)
             if self.critic is not None:
                 assert values is not None and estimate.returns is not None

@@ -311,3 +311,48 @@ def test_data_parallel_2_splits_the_batch_and_equals_1(samples, tmp_path):
         for key in ("sft_loss", "grad_norm"):
             assert got["sft"][key] == pytest.approx(sft_metrics[key], abs=1e-5, rel=1e-4), key
         assert torch.allclose(got["sft_after"], sft_after, atol=1e-4)
+
+
+def test_trainer_logprobs_equal_those_the_gateway_recorded():
+    """An openai-client agent through the gateway (3 turns, then a rewritten history: two
+    segments, both trained with ``all``): the trainer's log-probs of every sampled token equal
+    the engine's, as the gateway recorded them."""
+    import openai
+
+    from agentrl.gateway import Gateway
+
+    async def play() -> list[Sample]:
+        engine = EmbeddedEngine.from_pretrained(build_tiny_model(), max_batch_size=8)
+        renderer = ChatRenderer(engine.tokenizer, "hermes")
+        sampling = SamplingParams(max_new_tokens=10, temperature=TEMPERATURE,
+                                  stop_token_ids=tuple(renderer.encode(renderer.end_of_turn)))
+        out: list[Sample] = []
+        try:
+            async with Gateway(engine, renderer, sampling, 512) as gateway:
+                for g in range(2):
+                    session = gateway.open_session(f"gw{g}-s0")
+                    client = openai.AsyncOpenAI(base_url=gateway.base_url(session), api_key="x")
+                    messages = [{"role": "user", "content": f"Task {g}: look around."}]
+                    for _ in range(3):
+                        reply = await client.chat.completions.create(model=gateway.model,
+                                                                     messages=messages)
+                        messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                                     {"role": "user", "content": "and then?"}]
+                    messages = [messages[0], {"role": "user", "content": "Summary: a room."}]
+                    await client.chat.completions.create(model=gateway.model, messages=messages)
+                    await client.close()
+                    out += session.samples(Sample(group_id=g, reward=float(g)), "all")
+        finally:
+            await engine.close()
+        return out
+
+    samples = asyncio.run(play())
+    assert len(samples) == 4 and [s.metadata["segment"] for s in samples] == [0, 1, 0, 1]
+    logp = actor().logprobs(samples)
+    worst = 0.0
+    for row, s in enumerate(samples):
+        start = s.prompt_length - 1
+        mine = logp[row, start : start + s.response_length]
+        mask = torch.tensor(s.loss_mask, dtype=torch.bool)
+        worst = max(worst, float((mine[mask] - torch.tensor(s.rollout_log_probs)[mask]).abs().max()))
+    assert worst < 1e-5, worst

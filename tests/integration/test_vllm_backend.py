@@ -38,7 +38,9 @@ PROMPTS = [[5, 6, 7], list(range(100, 140)), [9] * 3 + list(range(300, 600))]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> str:
-    with vllm_server(tmp_path_factory.mktemp("vllm") / "server.log") as url:
+    # its OpenAI chat API parses tool calls too: agentrl eval --policy openai is tested on it
+    tools = {"enable-auto-tool-choice": None, "tool-call-parser": "hermes"}
+    with vllm_server(tmp_path_factory.mktemp("vllm") / "server.log", server_args=tools) as url:
         yield url
 
 
@@ -431,3 +433,31 @@ def test_fault_tolerance_restarts_a_killed_server_with_the_latest_weights(tmp_pa
         asyncio.run(scenario())
     finally:
         ray.shutdown()
+
+
+def test_agentrl_eval_plays_the_servers_chat_api_with_its_tool_calling(server):
+    """``agentrl eval --policy openai`` on the server's own OpenAI chat API: calc's tool schemas
+    go as ``tools`` and the server's parser reads the calls. The random tiny model writes none,
+    so each episode ends at its first turn, cut at --max-response-len or answered; every
+    request's usage is counted."""
+    import json
+    import urllib.request
+
+    from agentrl.cli import build_parser
+    from agentrl.eval.command import evaluate, parse_eval_config
+
+    with urllib.request.urlopen(f"{server}/v1/models") as answer:
+        model = json.load(answer)["data"][0]["id"]
+    argv = ["eval", "--env", "calc", "--policy", "openai", "--base-url", f"{server}/v1",
+            "--model", model, "--limit", "2", "--max-response-len", "16"]
+    rollout, evaluation = parse_eval_config(build_parser().parse_args(argv))
+    summary, groups = asyncio.run(evaluate(rollout, evaluation))
+    (metrics,) = summary["sets"].values()
+    samples = [s for g in groups["calc"] for s in g]
+    assert len(samples) == 2 and metrics["failed"] == 0, metrics["errors"]
+    assert {s.status for s in samples} <= {Status.COMPLETED, Status.TRUNCATED}
+    for sample in samples:
+        assert sample.turns and all(t.role == "assistant" and t.generate_s > 0 for t in sample.turns)
+        usage = sample.metadata["usage"]
+        assert usage["prompt_tokens"] > 0 and 0 < usage["completion_tokens"] <= 16 * len(sample.turns)
+    assert metrics["usage"]["total_tokens"] == sum(s.metadata["usage"]["total_tokens"] for s in samples)

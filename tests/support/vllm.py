@@ -36,12 +36,14 @@ def require_vllm() -> None:
 
 @contextlib.contextmanager
 def vllm_server(log: Path, *, seed: int = 0, model: str | Path | None = None,
-                rollout: RolloutConfig | None = None) -> Iterator[str]:
-
-    """A vLLM server with agentrl's defaults for ``rollout``'s sampling flags; its base URL.
+                rollout: RolloutConfig | None = None,
+                server_args: dict[str, str | None] | None = None) -> Iterator[str]:
+    """A vLLM server with agentrl's defaults for ``rollout``'s sampling flags (and
+    ``server_args`` over them, vLLM's names: ``{"tool-call-parser": "hermes"}``); its base URL.
     Its output goes to ``log`` (shown when it fails to start)."""
     port = free_port()
-    args = _merged(vllm_defaults(rollout or RolloutConfig(env="calc"), gpu=False), {})
+    args = _merged(vllm_defaults(rollout or RolloutConfig(env="calc"), gpu=False),
+                   dict(server_args or {}))
     served = vllm_model_dir(model or build_tiny_model(), gpu=False, workdir=log.parent)
     command = server_command("vllm", served, port=port, server_args=args, seed=seed)
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}

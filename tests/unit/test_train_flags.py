@@ -48,6 +48,17 @@ def test_the_batch_equation_is_solved_into_the_parsed_config() -> None:
     assert parse_args(ENV).trainer.num_steps_per_rollout == 1
 
 
+def test_gateway_segments_all_leaves_the_step_size_to_the_rollout(capsys) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "openai_sdk_agent.py"
+    agent = [*ENV, "--agent-function-path", f"{example}:run",
+             "--gateway-segments", "all"]
+    trainer = parse_args([*agent, "--num-steps-per-rollout", "2"]).trainer
+    assert (trainer.global_batch_size, trainer.num_steps_per_rollout) == (None, 2)
+    assert "--global-batch-size: with --gateway-segments all" in refused(
+        [*agent, "--global-batch-size", "4"], capsys)
+    assert "keep one" in refused([*agent, "--agent-command", "true"], capsys)
+
+
 def test_parsed_configs_are_frozen() -> None:
     args = parse_args(ENV)
     for config in (args.trainer, args.run, args.cluster, args):

@@ -1,0 +1,360 @@
+"""Black-box agents: episodes played by code agentrl did not write, through the gateway.
+
+``--agent-function-path file.py:run`` names ``async def run(task, endpoint)``; ``--agent-command
+"CMD"`` names a program (a CLI agent). Either is called once per episode with its own gateway
+session (:mod:`agentrl.gateway`): every model call the agent makes through the endpoint is
+recorded token for token, and the session's samples are what the episode trains on
+(``--gateway-segments``). Groups, ``--n-samples-per-prompt``, GRPO, dynamic sampling, eval sets
+and checkpoints treat these episodes as any other.
+
+What the agent returns is its score:
+
+* a number: the reward;
+* a dict: ``reward`` (required) and other numbers, kept in ``metadata["agent_metrics"]``;
+* ``None``: graded like an env episode: ``--custom-rm-path`` if given, else the env's
+  ``compute_reward`` on the episode's task, with the last generated reply as the final
+  message (and the env's sandbox as the agent left it).
+
+Episode outcomes: the agent returned (``completed``, finish ``agent``); it ran past
+``--agent-timeout`` (``truncated``, finish ``agent_timeout``); it raised, exited non-zero, or
+made no model call (``failed``, with the reason in ``metadata["error"]``).
+
+A command agent runs as a host process under the sandbox machinery's limits and reaping
+(:class:`~agentrl.sandbox.local.ProcessSandbox`: address space, CPU time, file size, a cleared
+environment, a wall-clock timeout; at the end its process group and every process still holding
+its output are killed). It is NOT isolated: it runs as your user (it needs your Python and your
+files), sees the host's files and network (it must reach the gateway on loopback), and a
+process that leaves both its session and its output pipes behind is not found.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import dataclasses
+import inspect
+import json
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from agentrl.env import ToolEnv, as_reward
+from agentrl.errors import AgentRLError, PluginError
+from agentrl.plugins import load_plugin
+from agentrl.rollout.rewards import maybe_await
+from agentrl.rollout.sample import Sample, Status
+
+__all__ = ["AgentEndpoint", "AgentError", "AgentPlayer", "BlackBoxAgent", "CommandAgent",
+           "FunctionAgent", "load_agent", "play_agent_episode"]
+
+_FUNCTION_FLAG = "--agent-function-path"
+_COMMAND_FLAG = "--agent-command"
+
+
+class AgentError(AgentRLError):
+    """A black-box agent failed its episode (raised, exited non-zero, or never called the model)."""
+
+
+@dataclasses.dataclass
+class AgentEndpoint:
+    """What an agent gets for one episode.
+
+    Attributes:
+        base_url: The session's OpenAI base URL (``.../s/<key>/v1``): pass it as the client's
+            ``base_url``.
+        api_key: The session's key (also accepted as ``Authorization: Bearer <key>`` on the
+            gateway's plain ``/v1`` URL).
+        model: The model name to ask for.
+        sandbox: The episode's sandbox when the env has one (``agentrl.sandbox.Sandbox``): run
+            commands there, not on the host. ``None`` otherwise.
+        messages: The env's first observation (system and user messages) for the task.
+        tools: The env's tool schemas (OpenAI form), to offer the model.
+        loop: The event loop the episode runs on (sandbox and tool coroutines belong to it).
+    """
+
+    base_url: str
+    api_key: str
+    model: str
+    sandbox: Any
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    loop: asyncio.AbstractEventLoop
+    env: ToolEnv | None = dataclasses.field(default=None, repr=False)
+
+    async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> str:
+        """Runs one of the env's tools in this episode (its state and sandbox); a tool error
+        comes back as text, as the model would see it.
+
+        Raises:
+            AgentError: The env has no tools (no ``--env``).
+        """
+        if self.env is None:
+            raise AgentError("call_tool: this episode has no env (pass --env)")
+        from agentrl.tools.calls import ToolCall
+
+        outcome = await self.env.arun_tool(ToolCall(name, dict(arguments)))
+        return str(outcome.to_message()["content"])
+
+
+class BlackBoxAgent(abc.ABC):
+    """An agent run once per episode against an :class:`AgentEndpoint`."""
+
+    name: str
+    grace_s: float = 0.0
+    """Seconds past ``--agent-timeout`` before the episode stops waiting (an agent that enforces
+    the timeout itself gets time to stop its processes)."""
+
+    @abc.abstractmethod
+    async def run(self, task: Mapping[str, Any], endpoint: AgentEndpoint) -> Any:
+        """Plays the episode; returns its score (see the module docstring) or ``None``.
+
+        Raises:
+            AgentError: The agent failed (the sample fails with the reason).
+        """
+
+
+class FunctionAgent(BlackBoxAgent):
+    """``async def run(task, endpoint)`` from ``--agent-function-path``.
+
+    Raises:
+        PluginError: The plug-in cannot be loaded or is not such a coroutine function.
+    """
+
+    def __init__(self, spec: str) -> None:
+        fn = load_plugin(spec, flag=_FUNCTION_FLAG, default_name="run")
+        if not inspect.iscoroutinefunction(fn):
+            raise PluginError(f"{_FUNCTION_FLAG} {spec!r}: {getattr(fn, '__name__', fn)!r} must be "
+                              "`async def run(task, endpoint)`")
+        if len(inspect.signature(fn).parameters) < 2:
+            raise PluginError(f"{_FUNCTION_FLAG} {spec!r}: it must take (task, endpoint)")
+        self.fn = fn
+        self.name = spec
+
+    async def run(self, task: Mapping[str, Any], endpoint: AgentEndpoint) -> Any:
+        return await self.fn(task, endpoint)
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandLimits:
+    """Limits of a command agent's processes (those of a sandbox, sized for an agent)."""
+
+    memory_mb: int = 4096
+    pids: int = 256
+    output_bytes: int = 256 * 1024
+
+
+class CommandAgent(BlackBoxAgent):
+    """A program run per episode (``--agent-command``), unmodified.
+
+    It gets ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``, ``OPENAI_MODEL`` (and ``OPENAI_API_BASE``,
+    which litellm reads), the task as JSON on stdin and in the file ``$AGENTRL_TASK_FILE``, and
+    the run's ``PATH`` with this Python first. It runs in the current directory, as the current
+    user, under :class:`CommandLimits` and ``timeout_s``; when it ends (or times out) its
+    process group and every process holding its output are killed. Exit status 0 is success; its score comes from the env (or
+    ``--custom-rm-path``), or from a last stdout line ``{"reward": ...}`` when it prints one.
+    """
+
+    grace_s = 15.0
+
+    def __init__(self, command: str, timeout_s: float, limits: CommandLimits | None = None) -> None:
+        self.command = command
+        self.name = command
+        self.timeout_s = timeout_s
+        self.limits = limits or CommandLimits()
+
+    async def run(self, task: Mapping[str, Any], endpoint: AgentEndpoint) -> Any:
+        from agentrl.sandbox.base import Limits
+        from agentrl.sandbox.local import ProcessSandbox
+
+        limits = Limits(timeout_s=self.timeout_s, memory_mb=self.limits.memory_mb,
+                        cpu_s=int(self.timeout_s) + 1, pids=self.limits.pids,
+                        output_bytes=self.limits.output_bytes, file_size_mb=1024)
+        payload = json.dumps(dict(task), ensure_ascii=False, default=str)
+        async with ProcessSandbox(limits, tag="agent-", own_uid=False) as box:
+            await box.write_file("task.json", payload)
+            assert box.workspace is not None
+            path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+            env = {"OPENAI_BASE_URL": endpoint.base_url, "OPENAI_API_BASE": endpoint.base_url,
+                   "OPENAI_API_KEY": endpoint.api_key, "OPENAI_MODEL": endpoint.model,
+                   "AGENTRL_TASK_FILE": os.path.join(box.workspace, "task.json"), "PATH": path}
+            result = await box.exec(self.command, stdin=payload, env=env, cwd=os.getcwd(),
+                                    timeout=self.timeout_s)
+        if result.timed_out:
+            raise TimeoutError(f"{_COMMAND_FLAG}: still running after {self.timeout_s:.0f} s "
+                               "(--agent-timeout); its processes were killed")
+        if not result.ok:
+            why = result.limit_hit and f"its {result.limit_hit} limit was hit" or f"exit code {result.exit_code}"
+            raise AgentError(f"{_COMMAND_FLAG} {self.command!r} failed ({why}); stderr: "
+                             f"{result.stderr.strip()[-800:]}")
+        lines = result.stdout.strip().splitlines()
+        if lines:
+            try:
+                last = json.loads(lines[-1])
+            except ValueError:
+                return None
+            if isinstance(last, dict) and "reward" in last:
+                return last
+        return None
+
+
+def load_agent(function_path: str | None, command: str | None, timeout_s: float) -> BlackBoxAgent | None:
+    """The run's black-box agent (``None`` when neither flag is given)."""
+    if function_path:
+        return FunctionAgent(function_path)
+    if command:
+        return CommandAgent(command, timeout_s)
+    return None
+
+
+def _score(value: Any, sample: Sample, agent: BlackBoxAgent) -> float | None:
+    """The agent's return value as a reward (``None``: grade it); extra metrics are kept."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        if "reward" not in value:
+            raise PluginError(f"agent {agent.name}: a returned dict needs a 'reward' key, got "
+                              f"{sorted(value)}")
+        extra = {k: v for k, v in value.items() if k != "reward"}
+        if extra:
+            sample.metadata["agent_metrics"] = extra
+        value = value["reward"]
+    return as_reward(value, f"agent {agent.name}")
+
+
+async def play_agent_episode(agent: BlackBoxAgent, episode: Any, gateway: Any, *,
+                             sampling: Any, segments: str, timeout_s: float, evaluation: bool,
+                             custom_rm: bool) -> list[Sample]:
+    """Plays ``episode`` (an :class:`~agentrl.rollout.episode.Episode`, not started) with
+    ``agent`` through a new session of ``gateway``.
+
+    The env is reset with the sample's task first (its sandbox is the agent's). The sample
+    becomes the session's trained segment; with ``segments="all"`` the earlier segments come
+    back too, as more samples of the group. Failures of the agent fail the sample; they never
+    raise.
+
+    Returns:
+        The episode's samples: ``episode.sample`` first.
+    """
+    sample = episode.sample
+    try:
+        await episode.start()
+    except Exception as exc:  # noqa: BLE001 - an env that cannot reset fails its sample
+        episode.fail(exc)
+        await episode.close()
+        return [sample]
+    if episode.done:  # the prompt does not fit the context (skipped)
+        await episode.close()
+        return [sample]
+    session = gateway.open_session(episode.rid, sampling=sampling, client_sampling=evaluation)
+    env = episode.env
+    task = dict(env.state.task) if env is not None and env.state is not None else {
+        "prompt": sample.prompt, "label": sample.label, **sample.metadata.get("task", {})}
+    endpoint = AgentEndpoint(gateway.base_url(session), session.key, gateway.model,
+                             getattr(env, "sandbox", None), [dict(m) for m in episode.history],
+                             list(episode.tools or []), asyncio.get_running_loop(), env)
+    outcome: tuple[Status, str] = (Status.COMPLETED, "agent")
+    value: Any = None
+    try:
+        value = await asyncio.wait_for(agent.run(task, endpoint), timeout_s + agent.grace_s)
+    except TimeoutError as exc:
+        outcome = (Status.TRUNCATED, "agent_timeout")
+        sample.metadata["error"] = str(exc) or f"the agent ran past --agent-timeout {timeout_s:g} s"
+    except Exception as exc:  # noqa: BLE001 - the agent's own failure fails its sample
+        outcome = (Status.FAILED, "error")
+        episode.fail(exc)
+    finally:
+        await gateway.close_session(session)
+    out = session.samples(sample, segments)
+    if not out and outcome[0] is not Status.FAILED:
+        late = f" before it ran past --agent-timeout {timeout_s:g} s" if outcome[0] is Status.TRUNCATED else ""
+        outcome = (Status.FAILED, "error")
+        episode.fail(AgentError(f"agent {agent.name} made no model call through its endpoint "
+                                f"({endpoint.base_url}){late}"))
+    try:
+        if out:
+            _adopt(sample, out[-1])
+        if outcome[0] is not Status.FAILED:
+            episode.finish(*outcome)
+            if evaluation:
+                sample.metadata["messages"] = session.last_messages
+            own = sample.metadata.get("segment")
+            sample.metadata["turns"] = (session.segments[own].calls if own is not None
+                                        else len(session.calls))
+            completion = sum(len(c["output_ids"]) for call in session.calls for c in call.choices)
+            prompt = sum(len(call.prompt_ids) for call in session.calls)
+            sample.metadata["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                                        "total_tokens": prompt + completion}
+            reward = _score(value, sample, agent) if outcome[0] is Status.COMPLETED else 0.0
+            if reward is None and not custom_rm and env is not None and env.state is not None:
+                final = {"role": "assistant", "content": session.last_assistant_text}
+                reward = as_reward(await maybe_await(env.compute_reward(env.state.task, final, env.state)),
+                                   f"{type(env).__name__}.compute_reward")
+            sample.reward = reward
+    except Exception as exc:  # noqa: BLE001 - a crashing grader fails the sample, not the batch
+        episode.fail(exc)
+    finally:
+        await episode.close()
+    extra = []
+    for i, segment in enumerate(out[:-1]):
+        segment.status, segment.reward = sample.status, sample.reward
+        segment.metadata = {**segment.metadata, "finish": sample.metadata.get("finish"),
+                            "turns": session.segments[segment.metadata["segment"]].calls}
+        segment.index = sample.index + 10_000 * (i + 1)  # distinct from the group's own samples
+        extra.append(segment)
+    return [sample, *extra]
+
+
+def _adopt(sample: Sample, made: Sample) -> None:
+    """Gives ``sample`` the tokens, mask, log-probs and turns of a session's sample."""
+    sample.tokens, sample.response_length = made.tokens, made.response_length
+    sample.loss_mask, sample.rollout_log_probs = made.loss_mask, made.rollout_log_probs
+    sample.turns, sample.weight_version = made.turns, made.weight_version
+    for key in ("segments", "segment", "gateway_calls"):
+        sample.metadata[key] = made.metadata[key]
+
+
+class AgentPlayer:
+    """The run's black-box agent and the gateway its episodes go through (started on first
+    use, on the rollout's event loop; :meth:`aclose` stops it).
+
+    Args:
+        agent: The agent.
+        config: The run's rollout config (``--gateway-segments``, ``--agent-timeout``,
+            ``--custom-rm-path``, ``--rollout-seed``).
+        engine: The policy engine.
+        renderer: Its chat renderer.
+        max_context_len: Tokens per sample.
+    """
+
+    def __init__(self, agent: BlackBoxAgent, config: Any, engine: Any, renderer: Any,
+                 max_context_len: int) -> None:
+        self.agent = agent
+        self.config = config
+        self.engine = engine
+        self.renderer = renderer
+        self.max_context_len = max_context_len
+        self.gateway: Any = None
+        self._starting = asyncio.Lock()
+
+    async def play(self, episode: Any, *, evaluation: bool) -> list[Sample]:
+        """Plays ``episode`` with the agent (see :func:`play_agent_episode`)."""
+        async with self._starting:
+            if self.gateway is None:
+                from agentrl.gateway import Gateway
+
+                gateway = Gateway(self.engine, self.renderer, episode.ctx.sampling,
+                                  self.max_context_len, seed=self.config.rollout_seed)
+                await gateway.start()
+                self.gateway = gateway
+        config = self.config
+        return await play_agent_episode(
+            self.agent, episode, self.gateway, sampling=episode.ctx.sampling,
+            segments=config.gateway_segments, timeout_s=config.agent_timeout,
+            evaluation=evaluation, custom_rm=config.custom_rm_path is not None)
+
+    async def aclose(self) -> None:
+        """Stops the gateway (every open session is closed)."""
+        gateway, self.gateway = self.gateway, None
+        if gateway is not None:
+            await gateway.stop()
