@@ -46,7 +46,7 @@ demo: setup
 
 test: setup system vllm
 	scripts/fetch-sglang-contract.sh
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=30
 
 test-unit: setup
 	$(PY) -m pytest -m unit
