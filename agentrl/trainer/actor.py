@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -50,6 +49,7 @@ from agentrl.trainer.hf_convert import (
     save_hf_checkpoint,
 )
 from agentrl.trainer.model_flags import check_model_flags
+from agentrl.trainer.schedule import decay_steps, global_rank, load_schedule
 from agentrl.trainer.vocab_parallel import (
     vocab_parallel_logprobs,
     vocab_parallel_logprobs_and_entropy,
@@ -169,79 +169,11 @@ class MegatronActor:
         scheduler = OptimizerParamScheduler(
             optimizer, init_lr=0.0 if c.lr_warmup_iters else lr, max_lr=lr,
             min_lr=min(c.min_lr, lr), lr_warmup_steps=c.lr_warmup_iters,
-            lr_decay_steps=self._decay_steps(total_steps), lr_decay_style=c.lr_decay_style,
+            lr_decay_steps=decay_steps(c, total_steps), lr_decay_style=c.lr_decay_style,
             start_wd=c.weight_decay, end_wd=c.weight_decay, wd_incr_steps=max(decay, 1),
             wd_incr_style="constant",
         )
         return ddp, optimizer, scheduler
-
-    def _decay_steps(self, total_steps: int | None) -> int:
-        """Optimizer steps this run's flags decay the learning rate over: ``--lr-decay-iters``,
-        else the whole run (``total_steps``); always past the warm-up, as Megatron requires."""
-        c = self.config
-        return max(c.lr_decay_iters or max(1, total_steps or 1), c.lr_warmup_iters + 1)
-
-    def _load_schedule(self, scheduler: Any, saved: Mapping[str, Any], name: str,
-                       lr_flag: str) -> None:
-        """Restores a learning-rate schedule from a checkpoint and fits it to this run.
-
-        The checkpoint gives the position (its step count: no second warm-up) and the shape
-        (peak and floor lr, warm-up, decay style: Megatron's
-        ``use_checkpoint_opt_param_scheduler``); a flag that differs from it is warned about,
-        not silently dropped. The decay span is this run's: ``--lr-decay-iters`` when given,
-        else ``total_steps`` (``--num-rollout`` x ``--num-steps-per-rollout``), so continuing
-        with a larger ``--num-rollout`` stretches the decay over the new total instead of
-        training the added rollouts at the old schedule's floor. With ``total_steps`` unknown
-        and no ``--lr-decay-iters`` the checkpoint's span is kept.
-
-        Args:
-            scheduler: The ``OptimizerParamScheduler`` built from this run's flags.
-            saved: Its state in the checkpoint.
-            name: ``"policy"`` or ``"critic"``, for the messages.
-            lr_flag: The flag of its peak learning rate (``--lr`` or ``--critic-lr``).
-
-        Raises:
-            ConfigError: Every optimizer step left in the run would train at lr 0 (the decay
-                ends at or before the checkpoint's step and the floor is 0); names the flags.
-        """
-        c = self.config
-        flags = {lr_flag: scheduler.max_lr, "--min-lr": scheduler.min_lr,
-                 "--lr-warmup-iters": scheduler.lr_warmup_steps,
-                 "--lr-decay-style": scheduler.lr_decay_style}
-        scheduler.load_state_dict(dict(saved))
-        kept = {lr_flag: scheduler.max_lr, "--min-lr": scheduler.min_lr,
-                "--lr-warmup-iters": scheduler.lr_warmup_steps,
-                "--lr-decay-style": scheduler.lr_decay_style}
-        changed = [f"{flag} {flags[flag]} (checkpoint: {kept[flag]})"
-                   for flag in flags if flags[flag] != kept[flag]]
-        rank0 = _global_rank() == 0
-        if changed and rank0:
-            print(f"WARNING: the checkpoint's {name} lr schedule is kept, so these flags have no "
-                  f"effect on this resumed run: {', '.join(changed)}", file=sys.stderr, flush=True)
-        at = scheduler.num_steps
-        old = scheduler.lr_decay_steps
-        if c.lr_decay_iters is not None or self.total_steps is not None:
-            new = max(self._decay_steps(self.total_steps), scheduler.lr_warmup_steps + 1)
-            if new != old:
-                scheduler.lr_decay_steps = new
-                scheduler.step(increment=0)  # the param groups' lr at the kept step, new span
-                if scheduler.lr_decay_style != "constant" and rank0:
-                    source = (f"--lr-decay-iters {c.lr_decay_iters}" if c.lr_decay_iters
-                              else "--num-rollout x --num-steps-per-rollout")
-                    print(f"{name} lr schedule {'extended' if new > old else 'shortened'} to "
-                          f"this run: decay over {old} -> {new} optimizer steps ({source}); "
-                          f"resuming at step {at}, lr {_lr_of(scheduler):.4g}", flush=True)
-        left = (self.total_steps or 0) - at
-        # Past the warm-up every decay style only goes down, so lr 0 now is lr 0 to the end.
-        if (left > 0 and scheduler.lr_decay_style != "constant"
-                and at > scheduler.lr_warmup_steps and _lr_of(scheduler) <= 0.0):
-            raise ConfigError(
-                f"the resumed {name} lr schedule decays to 0 at step {scheduler.lr_decay_steps} "
-                f"(--lr-decay-iters {c.lr_decay_iters}, --lr-decay-style "
-                f"{scheduler.lr_decay_style}, --min-lr {scheduler.min_lr}) but the checkpoint "
-                f"is at step {at}: all {left} optimizer steps left would train at lr 0. Raise "
-                f"--lr-decay-iters above {at}, or drop it so the decay spans --num-rollout x "
-                f"--num-steps-per-rollout ({self.total_steps})")
 
     def _forward(self, model: Any, batch: TrainBatch) -> torch.Tensor:
         """``[b, L, V / tp]`` logits shards (causal attention; right padding never attends)."""
@@ -512,7 +444,7 @@ class MegatronActor:
         blocks until every server has joined. Other ranks do nothing."""
         from agentrl.rollout.engine.weight_group import WeightGroup
 
-        if _global_rank() == 0:
+        if global_rank() == 0:
             self.weight_group = WeightGroup(master_address, master_port, 0, world_size, group_name, backend)
 
     def weight_metadata(self) -> dict[str, list[Any]]:
@@ -525,7 +457,7 @@ class MegatronActor:
         """Gathers the HF-named weights (a collective over tensor parallelism) and global rank 0
         broadcasts them over the weight group, in :meth:`weight_metadata`'s order."""
         state = self.hf_state_dict()
-        if _global_rank() == 0:
+        if global_rank() == 0:
             self.weight_group.send(state.values())
 
     def save_hf(self, out_dir: str | Path, tokenizer_dir: str | Path | None = None) -> Path:
@@ -559,7 +491,7 @@ class MegatronActor:
     def load_checkpoint(self, directory: str | Path) -> dict[str, Any]:
         """Restores what :meth:`save_checkpoint` saved; returns its ``extra``. The learning-rate
         schedules continue from the checkpoint's step with this run's decay span (see
-        :meth:`_load_schedule`).
+        :func:`~agentrl.trainer.schedule.load_schedule`).
 
         Raises:
             ConfigError: The checkpoint cannot be read (a missing folder, a truncated or
@@ -604,23 +536,16 @@ class MegatronActor:
             self.critic.load_state_dict({k.removeprefix("critic."): v
                                          for k, v in state["critic"].items()})
             self.critic_optimizer.load_state_dict(state["critic_optimizer"])
-            self._load_schedule(self.critic_scheduler, state["critic_scheduler"], "critic",
-                                "--critic-lr" if self.config.critic_lr else "--lr")
+            load_schedule(self.critic_scheduler, state["critic_scheduler"], "critic",
+                          "--critic-lr" if self.config.critic_lr else "--lr", self.config,
+                          self.total_steps)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self._load_schedule(self.scheduler, state["scheduler"], "policy", "--lr")
+        load_schedule(self.scheduler, state["scheduler"], "policy", "--lr", self.config,
+                      self.total_steps)
         self.step = int(state["step"])
         torch.set_rng_state(state["rng"])
         return dict(state.get("extra", {}))
-
-
-def _global_rank() -> int:
-    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-
-
-def _lr_of(scheduler: Any) -> float:
-    """The learning rate the scheduler set for the next optimizer step (its largest group's)."""
-    return max(float(group["lr"]) for group in scheduler.optimizer.param_groups)
 
 
 def _apply_step(ddp: Any, optimizer: Any, scheduler: Any) -> float:
