@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import openai
@@ -58,36 +59,36 @@ async def _streamed_reply(client: openai.AsyncOpenAI, endpoint: Any,
     return message
 
 
+async def _play(endpoint: Any, reply: Callable[[list[dict[str, Any]]], Awaitable[dict[str, Any]]]) -> None:
+    """The loop: ask, run the reply's tool calls, send their results, until a plain answer."""
+    messages = [dict(m) for m in endpoint.messages]
+    for _ in range(MAX_CALLS):
+        message = await reply(messages)
+        messages.append(message)
+        if not message.get("tool_calls"):
+            return
+        messages += await _run_tools(endpoint, message["tool_calls"])
+
+
 async def run(task: dict[str, Any], endpoint: Any) -> None:
     """Plays one ``calc`` episode with the async client, streaming."""
     client = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key)
-    messages = [dict(m) for m in endpoint.messages]
     try:
-        for _ in range(MAX_CALLS):
-            reply = await _streamed_reply(client, endpoint, messages)
-            messages.append(reply)
-            if not reply.get("tool_calls"):
-                return None
-            messages += await _run_tools(endpoint, reply["tool_calls"])
+        await _play(endpoint, lambda messages: _streamed_reply(client, endpoint, messages))
     finally:
         await client.close()
-    return None
 
 
 async def run_sync(task: dict[str, Any], endpoint: Any) -> None:
     """The same loop with the blocking ``openai.OpenAI`` client, in a worker thread."""
     client = openai.OpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key)
-    messages = [dict(m) for m in endpoint.messages]
+
+    async def reply(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        response = await asyncio.to_thread(client.chat.completions.create, model=endpoint.model,
+                                           messages=messages, tools=endpoint.tools)
+        return response.choices[0].message.model_dump(exclude_none=True)
+
     try:
-        for _ in range(MAX_CALLS):
-            response = await asyncio.to_thread(
-                client.chat.completions.create, model=endpoint.model, messages=messages,
-                tools=endpoint.tools)
-            reply = response.choices[0].message.model_dump(exclude_none=True)
-            messages.append(reply)
-            if not reply.get("tool_calls"):
-                return None
-            messages += await _run_tools(endpoint, reply["tool_calls"])
+        await _play(endpoint, reply)
     finally:
         client.close()
-    return None

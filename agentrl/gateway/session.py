@@ -34,8 +34,8 @@ import dataclasses
 import json
 import time
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from agentrl.chat import ChatRenderer
 from agentrl.errors import ToolCallParseError
@@ -53,6 +53,8 @@ from agentrl.rollout.sample import Sample
 from agentrl.rollout.trajectory import Trajectory, request_seed
 
 __all__ = ["CallRecord", "Segment", "Session", "SessionClosed"]
+
+T = TypeVar("T")
 
 SEGMENT_MODES = ("last", "all")
 """The choices of ``--gateway-segments``."""
@@ -182,28 +184,19 @@ class Session:
                 or the template cannot render the messages.
             SessionClosed: The session ended meanwhile.
         """
-        async with self._lock:
-            self._check_open()
-            messages = template_messages(request.messages)
-            keys = [message_key(m) for m in request.messages]
-            tools = [dict(t) for t in request.tools] if request.tools else None
-            tools_key = json.dumps(tools, sort_keys=True) if tools else ""
-            mark = self._mark()
-            prompt = self._prompt_state(keys, messages, tools, tools_key)
-            record = self._record(prompt)
-            started = time.perf_counter()
-            outs = await self._choices(prompt, request, mark)
-            record.latency_s = time.perf_counter() - started
-            choices = []
-            for trajectory in outs:
-                choice, message = self._chat_choice(trajectory, request)
-                state = _State(prompt.segment, [*keys, message_key(message)],
-                               [*messages, _template_assistant(message)], tools_key,
-                               trajectory.sample, is_prompt=False)
-                choices.append(choice)
-                self._add_choice(record, state, trajectory)
-            self.segments[prompt.segment].final = self._states[-len(outs)]
-            return choices, len(prompt.sample.tokens)
+        messages = template_messages(request.messages)
+        keys = [message_key(m) for m in request.messages]
+        tools = [dict(t) for t in request.tools] if request.tools else None
+        tools_key = json.dumps(tools, sort_keys=True) if tools else ""
+
+        def choice(prompt: _State, trajectory: Trajectory) -> tuple[Choice, _State]:
+            made, message = self._chat_choice(trajectory, request)
+            return made, _State(prompt.segment, [*keys, message_key(message)],
+                                [*messages, _template_assistant(message)], tools_key,
+                                trajectory.sample, is_prompt=False)
+
+        return await self._serve(request, lambda: self._prompt_state(keys, messages, tools, tools_key),
+                                 choice)
 
     async def complete(self, request: CompletionRequest) -> tuple[list[tuple[str, str, Choice]], int]:
         """Serves a (legacy) completions request: a prompt that extends a previous prompt and
@@ -212,24 +205,35 @@ class Session:
         Returns:
             ``(text, finish reason, choice)`` per choice, and the number of prompt tokens.
         """
+        def choice(prompt: _State, trajectory: Trajectory) -> tuple[tuple[str, str, Choice], _State]:
+            text, reason, made = self._text_choice(trajectory, request)
+            # what the engine saw, special tokens and stop strings included: only a prompt that
+            # continues exactly that extends the segment
+            full = (prompt.text or "") + self.renderer.tokenizer.decode(
+                trajectory.last_turn_ids(), skip_special_tokens=False)
+            return (text, reason, made), _State(
+                prompt.segment, [], [], "", trajectory.sample, is_prompt=False,
+                text=full if isinstance(request.prompt, str) else None)
+
+        return await self._serve(request, lambda: self._completion_state(request.prompt), choice)
+
+    async def _serve(self, request: ChatRequest | CompletionRequest, make_prompt: Callable[[], _State],
+                     make_choice: Callable[[_State, Trajectory], tuple[T, _State]]
+                     ) -> tuple[list[T], int]:
+        """One request, alone in the session: its prompt state, its choices generated, each
+        choice recorded as a state; the last segment's final state is the first choice."""
         async with self._lock:
             self._check_open()
             mark = self._mark()
-            prompt = self._completion_state(request.prompt)
+            prompt = make_prompt()
             record = self._record(prompt)
             started = time.perf_counter()
             outs = await self._choices(prompt, request, mark)
             record.latency_s = time.perf_counter() - started
             results = []
             for trajectory in outs:
-                text, reason, choice = self._text_choice(trajectory, request)
-                # what the engine saw, special tokens and stop strings included: only a prompt
-                # that continues exactly that extends the segment
-                full = (prompt.text or "") + self.renderer.tokenizer.decode(
-                    trajectory.last_turn_ids(), skip_special_tokens=False)
-                state = _State(prompt.segment, [], [], "", trajectory.sample, is_prompt=False,
-                               text=full if isinstance(request.prompt, str) else None)
-                results.append((text, reason, choice))
+                result, state = make_choice(prompt, trajectory)
+                results.append(result)
                 self._add_choice(record, state, trajectory)
             self.segments[prompt.segment].final = self._states[-len(outs)]
             return results, len(prompt.sample.tokens)

@@ -19,24 +19,23 @@ from hypothesis import strategies as st
 from agentrl.chat import ChatRenderer
 from agentrl.gateway.protocol import APIError, parse_chat_request
 from agentrl.gateway.session import Session
-from agentrl.rollout.engine.base import Engine, GenerateOutput, SamplingParams
+from agentrl.rollout.engine.base import GenerateOutput, SamplingParams
 from agentrl.rollout.sample import Sample
 from tests.support.tokenizers import qwen25_tokenizer
-from tests.unit.test_rollout_token_exact import TEMPLATES, EchoEnv
+from tests.unit.test_rollout_token_exact import TEMPLATES, EchoEnv, ScriptEngine
 
 pytestmark = pytest.mark.unit
 
 TOOLS = EchoEnv().toolbox.schemas
 
 
-class RandomTurns(Engine):
+class RandomTurns(ScriptEngine):
     """Answers with a random kind of turn (text, the format's tool calls, or broken markup),
     random log-probs, and remembers every output."""
 
     def __init__(self, renderer: ChatRenderer, seed: int) -> None:
-        self.renderer = renderer
+        super().__init__(renderer, [], TOOLS)
         self.rng = random.Random(seed)
-        self.eot = renderer.encode(renderer.end_of_turn)
         self.outputs: list[tuple[list[int], list[float]]] = []
         self.prompts: list[list[int]] = []
 
@@ -62,15 +61,6 @@ class RandomTurns(Engine):
         logprobs = [-self.rng.random() * 5 for _ in ids]
         self.outputs.append((ids, logprobs))
         return GenerateOutput(ids, logprobs, finish, "v7", len(input_ids))
-
-    async def update_weights(self, **kw): ...
-    async def pause(self, mode="abort"): ...
-    async def resume(self): ...
-    async def abort(self, rid_prefix=""): return 0
-    async def health(self): return True
-    @property
-    def weight_version(self): return "v7"
-    async def close(self): ...
 
 
 @pytest.fixture(scope="module", params=list(TEMPLATES))
