@@ -25,6 +25,7 @@ import asyncio
 import json
 import logging
 import secrets
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -122,18 +123,20 @@ class Gateway:
     # -- sessions ----------------------------------------------------------------------------
 
     def open_session(self, rid: str, *, sampling: SamplingParams | None = None,
-                     client_sampling: bool = False) -> Session:
+                     client_sampling: bool = False,
+                     stopping: threading.Event | None = None) -> Session:
         """A new session for the episode whose requests are ``rid``-prefixed.
 
         Args:
             rid: The episode's request-id prefix (aborts and routing go by it).
             sampling: This session's sampling (default: the gateway's), e.g. an evaluation's.
             client_sampling: Honour the client's temperature and top_p (evaluation).
+            stopping: The rollout's stop flag (see :class:`Session`).
         """
         key = f"agentrl-{secrets.token_urlsafe(18)}"
         session = Session(key, self.engine, self.renderer, sampling or self.sampling,
-                          self.max_context_len,
-                          rid=rid, seed=self.seed, client_sampling=client_sampling)
+                          self.max_context_len, rid=rid, seed=self.seed,
+                          client_sampling=client_sampling, stopping=stopping)
         self.sessions[key] = session
         return session
 

@@ -32,6 +32,7 @@ import asyncio
 import copy
 import dataclasses
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -149,11 +150,13 @@ class Session:
         seed: The run's ``--rollout-seed``: each request's seed derives from it and the rid.
         client_sampling: Honour the client's ``temperature`` / ``top_p`` (evaluation). False
             (training): the run's sampling applies, as the trainer's log-probs assume it.
+        stopping: The rollout's stop flag: once set, a request the engine aborts (and any new
+            one) ends the session (``stopped``) instead of being resumed.
     """
 
     def __init__(self, key: str, engine: Engine, renderer: ChatRenderer, sampling: SamplingParams,
                  max_context_len: int, *, rid: str, seed: int | None = None,
-                 client_sampling: bool = False) -> None:
+                 client_sampling: bool = False, stopping: threading.Event | None = None) -> None:
         self.key = key
         self.engine = engine
         self.renderer = renderer
@@ -165,6 +168,9 @@ class Session:
         self.calls: list[CallRecord] = []
         self.segments: list[Segment] = []
         self.closed = False
+        self.stopping = stopping
+        self.stopped = False
+        """The rollout stopped the session (it had enough samples): the episode is unfinished."""
         self._states: list[_State] = []
         self._requests = 0
         self._how = "start"
@@ -310,6 +316,10 @@ class Session:
             raise
 
     def _check_open(self) -> None:
+        if self.stopping is not None and self.stopping.is_set():
+            self.stopped = True
+            raise SessionClosed(f"session {self.key[:12]}... was stopped: the rollout has the "
+                                "samples it needs")
         if self.closed:
             raise SessionClosed(f"session {self.key[:12]}... has ended (its episode is over)")
 
@@ -454,6 +464,7 @@ class Session:
             if out.finish_reason != "abort":
                 return trajectory
             self._check_open()  # aborted by a weight update: go on with the rest of the turn
+            # (the rollout's stop aborts too: then the check above ends the session)
             params = params.replace(max_new_tokens=max(1, params.max_new_tokens - len(out.output_ids)))
         raise APIError(503, "the engine aborted this request repeatedly; retry it",
                        type="server_error", code="engine_aborted")

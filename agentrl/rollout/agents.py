@@ -246,7 +246,8 @@ async def play_agent_episode(agent: BlackBoxAgent, episode: Any, gateway: Any, *
     if episode.done:  # the prompt does not fit the context (skipped)
         await episode.close()
         return [sample]
-    session = gateway.open_session(episode.rid, sampling=sampling, client_sampling=evaluation)
+    session = gateway.open_session(episode.rid, sampling=sampling, client_sampling=evaluation,
+                                   stopping=episode.ctx.stopping)
     env = episode.env
     task = dict(env.state.task) if env is not None and env.state is not None else {
         "prompt": sample.prompt, "label": sample.label, **sample.metadata.get("task", {})}
@@ -265,6 +266,13 @@ async def play_agent_episode(agent: BlackBoxAgent, episode: Any, gateway: Any, *
         episode.fail(exc)
     finally:
         await gateway.close_session(session)
+    if session.stopped:  # the rollout had enough groups: unfinished, played afresh if resumed
+        for key in ("error", "traceback"):
+            sample.metadata.pop(key, None)
+        sample.status, sample.reward = Status.ABORTED, None
+        sample.metadata["finish"] = "abort"
+        await episode.close()
+        return [sample]
     out = session.samples(sample, segments)
     if not out and outcome[0] is not Status.FAILED:
         late = f" before it ran past --agent-timeout {timeout_s:g} s" if outcome[0] is Status.TRUNCATED else ""

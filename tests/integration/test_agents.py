@@ -194,3 +194,39 @@ def test_a_command_past_its_timeout_is_killed_with_everything_it_started(tmp_pat
     assert sample.status is Status.FAILED and "--agent-timeout 1 s" in sample.metadata["error"]
     time.sleep(4.5)
     assert not marker.exists()  # the background child was killed too
+
+
+def test_agent_episodes_still_running_when_the_batch_is_full_are_stopped(tmp_path):
+    """Three groups are submitted for a batch of one: the fast one is kept; the agents of the
+    two slow ones get their calls aborted, their sessions stop, and their samples come back
+    unfinished (aborted), neither failed nor trained on."""
+    from agentrl.rollout.data import RolloutDataSource
+    from agentrl.rollout.runner import RolloutRunner
+
+    keep = tmp_path / "keep.py"
+    keep.write_text("def keep(args, group):\n    return True\n")
+    config = RolloutConfig(env="calc", agent_function_path=f"{EXAMPLES}/openai_sdk_agent.py:run",
+                           rollout_batch_size=1, n_samples_per_prompt=1, over_sampling_batch_size=3,
+                           dynamic_sampling_filter_path=str(keep), rollout_max_context_len=4096)
+    envs = env_factory(config)
+
+    async def play():
+        engine = OracleModel(envs, calc_moves)
+        engine.delay_s = lambda rid: 0.0 if "-g0-" in rid else 30.0
+        ctx = make_rollout_context(config, engine, envs)
+        # the test split: the tasks the scripted model knows
+        runner = RolloutRunner.from_context(ctx, RolloutDataSource(config, envs=envs, split="test"))
+        try:
+            started = time.monotonic()
+            batch = await runner.generate(0)
+            return batch, time.monotonic() - started
+        finally:
+            await runner.close()
+            await ctx.aclose()
+            await envs.aclose()
+
+    batch, wall = asyncio.run(play())
+    assert wall < 25  # the slow agents were stopped, not waited for
+    [[kept]] = batch.groups
+    assert kept.status is Status.COMPLETED and kept.reward == 1.0
+    assert batch.metrics["rollout/aborted_groups"] == 2 and batch.metrics["rollout/failed"] == 0

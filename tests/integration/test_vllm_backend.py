@@ -461,3 +461,48 @@ def test_agentrl_eval_plays_the_servers_chat_api_with_its_tool_calling(server):
         usage = sample.metadata["usage"]
         assert usage["prompt_tokens"] > 0 and 0 < usage["completion_tokens"] <= 16 * len(sample.turns)
     assert metrics["usage"]["total_tokens"] == sum(s.metadata["usage"]["total_tokens"] for s in samples)
+
+
+def test_the_gateway_in_front_of_vllm_records_what_the_server_sampled(server):
+    """An openai-client agent through agentrl's gateway over the vLLM engine: three calls, each
+    extending the last, become one sample whose sampled tokens carry the server's log-probs,
+    which the trainer recomputes."""
+    import openai
+
+    from agentrl.gateway import Gateway
+
+    async def play() -> Sample:
+        engine = await VLLMEngine.connect([server], tokenizer=load_tokenizer(build_tiny_model()))
+        renderer = ChatRenderer(engine.tokenizer, "hermes")
+        sampling = SamplingParams(max_new_tokens=12,
+                                  stop_token_ids=tuple(renderer.encode(renderer.end_of_turn)))
+        try:
+            async with Gateway(engine, renderer, sampling, 1024) as gateway:
+                session = gateway.open_session("vllm-gw-s0")
+                client = openai.AsyncOpenAI(base_url=gateway.base_url(session), api_key="x")
+                messages = [{"role": "user", "content": "Look around."}]
+                for _ in range(3):
+                    reply = await client.chat.completions.create(model=gateway.model,
+                                                                 messages=messages)
+                    messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                                 {"role": "user", "content": "And then?"}]
+                await client.close()
+                assert [c.how for c in session.calls] == ["start", "extends", "extends"]
+                [sample] = session.samples(Sample(group_id=0, reward=1.0))
+        finally:
+            await engine.close()
+        return sample
+
+    sample = asyncio.run(play())
+    sample.check()
+    assert sum(t.role == "assistant" for t in sample.turns) == 3 and sample.weight_version
+    sampled = [lp for lp, m in zip(sample.rollout_log_probs, sample.loss_mask, strict=True) if m]
+    assert sampled and all(lp < 0 for lp in sampled)
+    assert _sampled_only_difference(trainer(), sample) < 1e-5
+
+
+def _sampled_only_difference(actor: MegatronActor, sample: Sample) -> float:
+    """The largest |trainer - recorded| log-prob over the sample's sampled tokens (mask 1)."""
+    logp = actor.logprobs([sample])[0, sample.prompt_length - 1:][: sample.response_length]
+    mask = torch.tensor(sample.loss_mask, dtype=torch.bool)
+    return float((logp[mask] - torch.tensor(sample.rollout_log_probs)[mask]).abs().max())

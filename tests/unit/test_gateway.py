@@ -234,3 +234,30 @@ def test_a_closed_session_refuses_requests(live):
     status, error = _post(live.gateway.base_url(session) + "/chat/completions", json.dumps(
         {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}).encode())
     assert status == 401
+
+
+def test_the_rollouts_stop_ends_a_session_mid_call():
+    """When the rollout has enough groups it sets its stop flag and aborts what runs: a
+    session's call in flight then ends the session (stopped), instead of resuming the turn."""
+    import threading
+
+    from agentrl.gateway.protocol import parse_chat_request
+    from agentrl.gateway.session import Session, SessionClosed
+
+    engine = ScriptedEngine(tiny_tokenizer(), policy, delay_s=5.0)
+    renderer = renderer_for(engine, "hermes")
+    stopping = threading.Event()
+    session = Session("k", engine, renderer, default_sampling(renderer), 1024, rid="r1-g0-s0",
+                      stopping=stopping)
+    request = parse_chat_request({"model": MODEL, "messages": [{"role": "user", "content": "q"}]})
+
+    async def play():
+        call = asyncio.create_task(session.chat(request))
+        await asyncio.sleep(0.2)
+        stopping.set()
+        await engine.abort("r1-")
+        with pytest.raises(SessionClosed):
+            await call
+
+    asyncio.run(play())
+    assert session.stopped and session.calls == [] and session.segments == []
