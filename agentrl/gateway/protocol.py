@@ -27,15 +27,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
+    "MAX_N",
     "APIError",
     "ChatRequest",
+    "Choice",
     "CompletionRequest",
     "assistant_message",
     "chat_chunk",
     "chat_response",
+    "chunk_logprobs",
     "completion_response",
     "content_text",
     "message_key",
+    "new_id",
     "parse_chat_request",
     "parse_completion_request",
     "template_messages",
@@ -356,6 +360,7 @@ def assistant_message(content: str, calls: Sequence[Any], call_ids: Sequence[str
 
 
 def new_id(prefix: str) -> str:
+    """A fresh response id (``chatcmpl-...``, ``cmpl-...``)."""
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
@@ -416,6 +421,7 @@ def chat_chunk(request_id: str, model: str, index: int, delta: Mapping[str, Any]
 
 
 def chunk_logprobs(choice: Choice) -> dict[str, Any]:
+    """The ``logprobs`` object of a streamed chunk carrying ``choice``'s whole text."""
     return _logprobs(choice.tokens, choice.logprobs)
 
 

@@ -45,7 +45,7 @@ from agentrl.gateway.protocol import (
 from agentrl.gateway.session import Session, SessionClosed
 from agentrl.rollout.engine.base import Engine, SamplingParams
 
-__all__ = ["Gateway"]
+__all__ = ["Gateway", "default_sampling", "renderer_for"]
 
 log = logging.getLogger(__name__)
 

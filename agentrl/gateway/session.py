@@ -125,6 +125,7 @@ class _State:
     sample: Sample
     is_prompt: bool
     text: str | None = None  # completions: the text so far
+    reply: str = ""  # a choice: the text it returned to the client
 
 
 def _copy(sample: Sample) -> Sample:
@@ -199,7 +200,8 @@ class Session:
             made, message = self._chat_choice(trajectory, request)
             return made, _State(prompt.segment, [*keys, message_key(message)],
                                 [*messages, _template_assistant(message)], tools_key,
-                                trajectory.sample, is_prompt=False)
+                                trajectory.sample, is_prompt=False,
+                                reply=str(message.get("content") or ""))
 
         return await self._serve(request, lambda: self._prompt_state(keys, messages, tools, tools_key),
                                  choice)
@@ -219,7 +221,7 @@ class Session:
                 trajectory.last_turn_ids(), skip_special_tokens=False)
             return (text, reason, made), _State(
                 prompt.segment, [], [], "", trajectory.sample, is_prompt=False,
-                text=full if isinstance(request.prompt, str) else None)
+                text=full if isinstance(request.prompt, str) else None, reply=text)
 
         return await self._serve(request, lambda: self._completion_state(request.prompt), choice)
 
@@ -286,9 +288,7 @@ class Session:
     def last_assistant_text(self) -> str:
         """The content of the last choice generated (what a grader reads as the answer)."""
         final = next((s for s in reversed(self._states) if not s.is_prompt), None)
-        if final is None or not final.messages:
-            return final.text or "" if final is not None else ""
-        return str(final.messages[-1].get("content") or "")
+        return final.reply if final is not None else ""
 
     @property
     def last_messages(self) -> list[dict[str, Any]]:

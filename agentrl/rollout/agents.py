@@ -46,7 +46,7 @@ from agentrl.rollout.rewards import maybe_await
 from agentrl.rollout.sample import Sample, Status
 
 __all__ = ["AgentEndpoint", "AgentError", "AgentPlayer", "BlackBoxAgent", "CommandAgent",
-           "FunctionAgent", "load_agent", "play_agent_episode"]
+           "CommandLimits", "FunctionAgent", "load_agent", "play_agent_episode"]
 
 _FUNCTION_FLAG = "--agent-function-path"
 _COMMAND_FLAG = "--agent-command"

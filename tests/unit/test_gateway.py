@@ -170,6 +170,7 @@ def test_completions_and_models_and_bearer_key(live):
     out = client.completions.create(model=MODEL, prompt="<|im_start|>user\nhi<|im_end|>\n"
                                     "<|im_start|>assistant\n", max_tokens=64, stop=["+"])
     assert out.choices[0].text == TWO_CALLS.split("+")[0] and out.choices[0].finish_reason == "stop"
+    assert session.last_assistant_text == out.choices[0].text  # what a grader reads
 
 
 @pytest.mark.parametrize(("body", "status", "code", "param"), [
