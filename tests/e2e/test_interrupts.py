@@ -5,6 +5,7 @@ how to continue."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -52,6 +53,22 @@ def _backend(name: str) -> list[str]:
     return ["--env-kwarg", f"sandbox={name}"]
 
 
+_STARTED: list[Run] = []
+"""Runs started by the test going on; killed after it, so that a failed test's run (its
+sandbox commands included) cannot outlive it and fail the tests after it."""
+
+
+@pytest.fixture(autouse=True)
+def _no_run_outlives_its_test():
+    yield
+    while _STARTED:
+        run = _STARTED.pop()
+        if run.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(run.pid, signal.SIGKILL)
+            run.process.wait(30)
+
+
 class Run:
     """A ``train.py`` / ``agentrl`` process in a session of its own. Its sandboxes are told
     apart from others' by its pid (in workspace names, uid claims and container labels)."""
@@ -63,6 +80,7 @@ class Run:
         self.process = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                                         stderr=self.stderr_path.open("w"), start_new_session=True)
         self.pid = self.process.pid
+        _STARTED.append(self)
 
     def wait_for(self, condition: Callable[[], bool], what: str, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
@@ -197,7 +215,9 @@ def test_a_signal_while_sandboxes_run_a_command_leaks_nothing(signum, backend, t
     plugin.write_text(SLEEPY_PLUGIN)
     run = train(*SWE_RUN, *_backend(backend), "--no-use-ray", "--custom-generate-function-path",
                 str(plugin), "--num-rollout", "1", tmp_path=tmp_path)
-    run.wait_for(commands_running, "sandbox commands running")
+    # its own sandboxes up and their commands running: a "sleep 300" of another run (containers
+    # of the test before being torn down) must not start the signal early
+    run.wait_for(lambda: run.sandboxes_live() and commands_running(), "sandbox commands running")
     run.signal(signum)
     code, stderr = run.finish()
     assert code == 128 + signum, stderr[-3000:]
@@ -234,7 +254,7 @@ def test_a_second_signal_exits_at_once_and_still_removes_the_sandboxes(tmp_path)
     assert "except asyncio.CancelledError" in STUBBORN_PLUGIN
     run = train(*SWE_RUN, *_backend("bwrap"), "--no-use-ray", "--custom-generate-function-path",
                 str(plugin), "--num-rollout", "1", tmp_path=tmp_path)
-    run.wait_for(commands_running, "sandbox commands running")
+    run.wait_for(lambda: run.sandboxes_live() and commands_running(), "sandbox commands running")
     run.signal(signal.SIGINT)
     run.wait_for(lambda: "stopping rollout 0" in run.stderr(), "the first signal's notice")
     run.signal(signal.SIGINT)
