@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import secrets
 import threading
 from collections.abc import Awaitable, Callable
@@ -46,8 +45,6 @@ from agentrl.gateway.session import Session, SessionClosed
 from agentrl.rollout.engine.base import Engine, SamplingParams
 
 __all__ = ["Gateway", "default_sampling", "renderer_for"]
-
-log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
