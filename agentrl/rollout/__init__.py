@@ -40,7 +40,7 @@ _LAZY = {
     "RolloutBatch": "agentrl.rollout.runner",
     "RolloutRunner": "agentrl.rollout.runner",
     "RolloutDataSource": "agentrl.rollout.data",
-    "RolloutDataSourceWithBuffer": "agentrl.rollout.data",
+    "RolloutDataSourceWithBuffer": "agentrl.rollout.buffer",
     "load_data_source": "agentrl.rollout.data",
     "generate_single": "agentrl.rollout.custom",
     "extract_tool_call": "agentrl.rollout.custom",

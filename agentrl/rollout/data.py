@@ -3,7 +3,7 @@
 :class:`RolloutDataSource` turns rows of a prompt file (``--prompt-data``: JSONL or Parquet) or
 the tasks of an environment (``--env``) into GROUPS: one list of ``--n-samples-per-prompt``
 fresh :class:`~agentrl.rollout.Sample` objects per prompt, sharing an explicit ``group_id``.
-:class:`RolloutDataSourceWithBuffer` adds a buffer that generated (e.g. partially rolled out)
+:class:`~agentrl.rollout.buffer.RolloutDataSourceWithBuffer` adds a buffer that generated (e.g. partially rolled out)
 groups go back into, served first through an overridable ``buffer_filter``.
 
 Guarantees:
@@ -31,7 +31,7 @@ import itertools
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +56,9 @@ from agentrl.rollout.sample import Sample
 
 __all__ = [
     "RolloutDataSource",
-    "RolloutDataSourceWithBuffer",
     "SkippedRow",
     "as_rollout_config",
+    "check_count",
     "env_seed",
     "load_data_source",
     "row_location",
@@ -97,7 +97,8 @@ def report_skipped(row: SkippedRow) -> None:
     logger.warning("skipping %s:%d: %s", row.file, row.line, row.reason)
 
 
-def _check_count(num_samples: Any) -> None:
+def check_count(num_samples: Any) -> None:
+    """Raises ValueError unless ``num_samples`` (a ``get_samples`` argument) is an int >= 0."""
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 0:
         raise ValueError(f"num_samples must be an int >= 0, got {num_samples!r}")
 
@@ -422,7 +423,7 @@ class RolloutDataSource:
             ValueError: ``num_samples`` is negative.
             DataError: The data has no usable row.
         """
-        _check_count(num_samples)
+        check_count(num_samples)
         return [self._make_group(self._next_record()) for _ in range(num_samples)]
 
     def add_samples(self, samples: list[list[Sample]]) -> None:
@@ -522,105 +523,9 @@ class RolloutDataSource:
         }
 
 
-class RolloutDataSourceWithBuffer(RolloutDataSource):
-    """A data source that serves buffered groups (e.g. partial rollouts) before fresh ones.
-
-    Override :meth:`buffer_filter` in a subclass (call ``super().__init__(args)`` if you also
-    override ``__init__``), or name a function ``(args, buffer, num_samples) -> groups`` with
-    ``--buffer-filter-path``; a subclass's override takes precedence over the flag.
-    """
-
-    def __init__(self, args: Any, *, envs: EnvFactory | None = None, split: str = "train") -> None:
-        super().__init__(args, envs=envs, split=split)
-        self.buffer: list[list[Sample]] = []
-        spec = self.config.buffer_filter_path
-        self._filter_name = f"{type(self).__qualname__}.buffer_filter"
-        self._filter_fn: Callable[..., Any] | None = None
-        if spec:
-            self._filter_fn = load_plugin(spec, flag="--buffer-filter-path")
-            if not callable(self._filter_fn):
-                raise PluginError(f"--buffer-filter-path {spec!r} is not callable")
-            if type(self).buffer_filter is RolloutDataSourceWithBuffer.buffer_filter:
-                self._filter_name = f"--buffer-filter-path {spec}"
-
-    def add_samples(self, samples: list[list[Sample]]) -> None:
-        """Appends groups to the buffer.
-
-        Raises:
-            TypeError: ``samples`` is not a list of non-empty lists of samples that each share
-                one ``group_id``.
-        """
-        if not isinstance(samples, list):
-            raise TypeError(f"add_samples takes a list of groups, got {type(samples).__name__}")
-        for i, group in enumerate(samples):
-            if not isinstance(group, list) or not group:
-                raise TypeError(f"add_samples: item {i} must be a non-empty list of Samples "
-                                f"(one group), got {type(group).__name__} {group!r:.60}")
-            if not all(isinstance(s, Sample) for s in group):
-                kinds = sorted({type(s).__name__ for s in group})
-                raise TypeError(f"add_samples: group {i} holds {kinds}, not only Sample")
-            ids = {s.group_id for s in group}
-            if len(ids) != 1:
-                raise TypeError(f"add_samples: group {i} mixes group ids {sorted(map(str, ids))};"
-                                " pass one list per group")
-        self.buffer.extend(samples)
-
-    def buffer_filter(
-        self, args: Any, buffer: list[list[Sample]], num_samples: int
-    ) -> list[list[Sample]]:
-        """Chooses up to ``num_samples`` groups of ``buffer`` to serve now (default: oldest
-        first). ``buffer`` is a copy of the list, so reordering it is safe; return the group
-        lists themselves (they are matched by identity and removed from the buffer)."""
-        if self._filter_fn is not None:
-            return self._filter_fn(args, buffer, num_samples)
-        return buffer[:num_samples]
-
-    def get_samples(self, num_samples: int) -> list[list[Sample]]:
-        """Buffered groups chosen by :meth:`buffer_filter`, then fresh ones for the rest.
-
-        Raises:
-            PluginError: The filter returned more than ``num_samples`` groups, a group twice,
-                or a group that was not in the buffer.
-        """
-        _check_count(num_samples)
-        groups = self._take_buffered(num_samples) if self.buffer and num_samples > 0 else []
-        return groups + super().get_samples(num_samples - len(groups))
-
-    def _take_buffered(self, num_samples: int) -> list[list[Sample]]:
-        chosen = self.buffer_filter(self.args, list(self.buffer), num_samples)
-        name = self._filter_name
-        if not isinstance(chosen, list | tuple):
-            raise PluginError(f"{name} must return a list of groups, got {type(chosen).__name__}")
-        if len(chosen) > num_samples:
-            raise PluginError(f"{name} returned {len(chosen)} groups; at most {num_samples} "
-                              "were asked for")
-        in_buffer = {id(g) for g in self.buffer}
-        taken: set[int] = set()
-        for group in chosen:
-            if id(group) not in in_buffer:
-                raise PluginError(f"{name} returned a group that is not in the buffer; return "
-                                  "the buffer's own group lists, not copies or new groups")
-            if id(group) in taken:
-                raise PluginError(f"{name} returned the same group twice")
-            taken.add(id(group))
-        self.buffer = [g for g in self.buffer if id(g) not in taken]
-        return list(chosen)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The base state plus the buffered groups (as :meth:`Sample.to_dict`)."""
-        state = super().state_dict()
-        state["buffer"] = [[s.to_dict() for s in group] for group in self.buffer]
-        return state
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restores position and buffer from :meth:`state_dict` data."""
-        super().load_state_dict(state)
-        self.buffer = [[Sample.from_dict(s) for s in group] for group in state.get("buffer", [])]
-
-
 def load_data_source(config: RolloutConfig, envs: EnvFactory | None = None) -> RolloutDataSource:
     """The data source for a run: the class named by ``--data-source-path`` (built as
-    ``cls(args)``, with the config as ``args``), else :class:`RolloutDataSourceWithBuffer` over
+    ``cls(args)``, with the config as ``args``), else :class:`~agentrl.rollout.buffer.RolloutDataSourceWithBuffer` over
     the run's env factory.
 
     Raises:
@@ -630,6 +535,8 @@ def load_data_source(config: RolloutConfig, envs: EnvFactory | None = None) -> R
     config = as_rollout_config(config)
     spec = config.data_source_path
     if not spec:
+        from agentrl.rollout.buffer import RolloutDataSourceWithBuffer
+
         return RolloutDataSourceWithBuffer(config, envs=envs)
     cls = load_plugin(spec, flag="--data-source-path")
     if not callable(cls):

@@ -19,8 +19,9 @@ import pytest
 from agentrl.chat import ChatRenderer
 from agentrl.env.factory import EnvFactory
 from agentrl.errors import ConfigError, DataError
+from agentrl.rollout.buffer import RolloutDataSourceWithBuffer
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.data import RolloutDataSource, RolloutDataSourceWithBuffer, SkippedRow
+from agentrl.rollout.data import RolloutDataSource, SkippedRow
 from agentrl.rollout.demonstrations import demonstrations
 from agentrl.rollout.episode import Episode, RolloutContext
 from agentrl.rollout.overlong import PROMPT_CUT_MARKER, fit_prompt, prompt_ids_within

@@ -6,8 +6,8 @@ import asyncio
 import json
 import re
 
+from agentrl.rollout.buffer import RolloutDataSourceWithBuffer
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.data import RolloutDataSourceWithBuffer
 from agentrl.rollout.filters import reward_std_positive
 from agentrl.rollout.runner import RolloutRunner
 from agentrl.rollout.sample import Status
