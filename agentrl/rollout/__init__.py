@@ -2,8 +2,9 @@
 
 The stages, in data-flow order:
 
-* :mod:`~agentrl.rollout.data` - prompts as groups of samples (``RolloutDataSource``,
-  ``RolloutDataSourceWithBuffer``): JSONL/Parquet files or an env's task set.
+* :mod:`~agentrl.rollout.data` - prompts as groups of samples (``RolloutDataSource``): JSONL/
+  Parquet files or an env's task set; :mod:`~agentrl.rollout.buffer` - the source that serves
+  buffered groups first (``RolloutDataSourceWithBuffer``).
 * :mod:`~agentrl.rollout.engine` - the engine contract (SGLang-shaped) and the embedded torch
   engine.
 * :mod:`~agentrl.rollout.episode` / :mod:`~agentrl.rollout.trajectory` - the one episode loop
