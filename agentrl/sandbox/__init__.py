@@ -23,6 +23,7 @@ from agentrl.sandbox.base import (
     Limits,
     Sandbox,
     SandboxError,
+    SandboxProcess,
     SandboxUnavailableError,
     ShellSession,
 )
@@ -69,7 +70,9 @@ def create_sandbox(backend: str = "auto", limits: Limits | None = None, **option
     Args:
         backend: ``auto``, ``bwrap``, ``docker`` or ``process``.
         limits: Resource limits (defaults: :class:`Limits`).
-        **options: Backend options (docker: ``image``, ``docker_host``, ``labels``).
+        **options: Backend options (docker: ``image``, ``docker_host``, ``labels``, ``network``,
+            ``workspace_aliases``, ``private_dirs``, see :class:`DockerSandbox`; bwrap and
+            process: ``ro_binds``, host directories visible read-only inside).
     """
     name = resolve_backend(backend)
     note_sandbox_made(name, options.get("docker_host"))  # what is left at exit is removed then
@@ -102,6 +105,7 @@ __all__ = [
     "SandboxError",
     "SandboxPool",
     "SandboxPools",
+    "SandboxProcess",
     "SandboxUnavailableError",
     "ShellSession",
     "create_sandbox",

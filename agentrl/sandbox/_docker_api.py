@@ -9,7 +9,7 @@ import contextlib
 import os
 import secrets
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -127,12 +127,15 @@ def _daemon_log_tail(lines: int = 3) -> str:
 
 def run_container(
     client: Any, image: str, *, limits: Limits, cpus: float, workspace: str, user: int,
-    env: Mapping[str, str], labels: Mapping[str, str],
+    env: Mapping[str, str], labels: Mapping[str, str], network: str = "none",
+    workspace_aliases: Sequence[str] = (), binds: Mapping[str, tuple[str, str]] | None = None,
 ) -> Any:
     """Starts a locked-down sandbox container running ``sleep infinity`` under docker-init as
-    ``user``: no network, read-only root, a tmpfs /tmp, ``workspace`` bind-mounted at
-    /workspace, no capabilities, the memory/CPU/pids/file-size ``limits``. Labelled
-    ``agentrl.sandbox=1``, with its name and workspace, over ``labels``."""
+    ``user``: no network (unless ``network`` is ``"bridge"``), read-only root, a tmpfs /tmp,
+    ``workspace`` bind-mounted at /workspace (and at each of ``workspace_aliases``), the
+    ``binds`` (container path -> (host path, ``"ro"`` or ``"rw"``)), no capabilities, the
+    memory/CPU/pids/file-size ``limits``. Labelled ``agentrl.sandbox=1``, with its name and
+    workspace, over ``labels``."""
     import docker.errors
     from docker.types import Ulimit
 
@@ -147,7 +150,7 @@ def run_container(
             name=name,
             detach=True,
             init=True,
-            network_mode="none",
+            network_mode=network,
             hostname="sandbox",
             mem_limit=f"{limits.memory_mb}m",
             memswap_limit=f"{limits.memory_mb}m",
@@ -155,7 +158,8 @@ def run_container(
             pids_limit=limits.pids,
             read_only=True,
             tmpfs={"/tmp": f"size={limits.file_size_mb}m,exec,mode=1777"},
-            volumes={workspace: {"bind": WORKSPACE, "mode": "rw"}},
+            volumes=[f"{workspace}:{path}:rw" for path in (WORKSPACE, *workspace_aliases)]
+            + [f"{host}:{path}:{mode}" for path, (host, mode) in (binds or {}).items()],
             working_dir=WORKSPACE,
             environment=dict(env),
             user=f"{user}:{user}",

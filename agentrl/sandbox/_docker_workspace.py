@@ -7,10 +7,12 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping
 
 from agentrl.sandbox.base import SandboxUnavailableError
 
 WORKSPACE_PREFIX = "agentrl-docker-"
+PRIVATE_SUFFIX = "-private"
 
 
 def make_workspace(root: str, uid: int, size_mb: int) -> str:
@@ -62,6 +64,20 @@ def _make_capped_dir(path: str, size_mb: int) -> None:
         os.rmdir(os.path.join(path, "lost+found"))
 
 
+def make_private_dirs(workspace: str, paths: Mapping[str, str]) -> dict[str, str]:
+    """Creates one empty host directory per container path of ``paths`` in a directory beside
+    ``workspace`` (``<workspace>-private``, removed with the workspace), owned by the caller
+    (root, when running as root) with mode 0755: the sandbox's uid can read them but never
+    write. Returns container path -> host path."""
+    root = workspace + PRIVATE_SUFFIX
+    os.mkdir(root, 0o755)
+    made = {}
+    for i, path in enumerate(sorted(paths)):
+        made[path] = os.path.join(root, str(i))
+        os.mkdir(made[path], 0o755)
+    return made
+
+
 def remove_workspace(path: str | None) -> None:
     """Deletes a sandbox workspace (unmounting its file system, removing its image), only when
     ``path`` looks like one of ours."""
@@ -73,6 +89,9 @@ def remove_workspace(path: str | None) -> None:
         subprocess.run(["umount", "-l", path], capture_output=True, check=False)
     if os.path.isdir(path) and not os.path.islink(path) and not os.path.ismount(path):
         shutil.rmtree(path, ignore_errors=True)
+    private = path + PRIVATE_SUFFIX
+    if os.path.isdir(private) and not os.path.islink(private):
+        shutil.rmtree(private, ignore_errors=True)
     with contextlib.suppress(OSError):
         image = path + ".img"
         if os.path.isfile(image) and not os.path.islink(image):

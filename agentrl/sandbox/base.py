@@ -13,8 +13,9 @@ in :class:`ExecResult`, never an exception: tools turn it into an observation. E
 from __future__ import annotations
 
 import abc
+import asyncio
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from agentrl.errors import AgentRLError
 from agentrl.tools.tool import Injected
@@ -112,6 +113,40 @@ class ShellSession(abc.ABC):
         """Ends the shell. Idempotent."""
 
 
+class SandboxProcess(abc.ABC):
+    """A long-running process inside a sandbox, with pipes to its stdin, stdout and stderr (a
+    server speaking over stdio, for example).
+
+    It has no wall-clock limit: it runs until it exits, :meth:`kill` is called, or the sandbox
+    closes. The sandbox's other limits apply to it as to any command (memory, CPU time over its
+    whole life, file size, process count).
+
+    Attributes:
+        stdin: Writes to the process's standard input.
+        stdout: Reads its standard output (a line longer than 1 MiB needs ``read``, not
+            ``readline``).
+        stderr: Reads its standard error; read it, or a chatty process blocks once the pipe is
+            full.
+    """
+
+    stdin: asyncio.StreamWriter
+    stdout: asyncio.StreamReader
+    stderr: asyncio.StreamReader
+
+    @property
+    @abc.abstractmethod
+    def returncode(self) -> int | None:
+        """The exit status (``-N`` for signal N), or ``None`` while it runs."""
+
+    @abc.abstractmethod
+    async def wait(self) -> int:
+        """Waits for the process to exit; returns its status."""
+
+    @abc.abstractmethod
+    async def kill(self) -> None:
+        """Kills the process and everything it started, and closes the pipes. Idempotent."""
+
+
 class Sandbox(Injected, abc.ABC):
     """One episode's isolated execution environment (inject it into tools by annotation).
 
@@ -153,6 +188,27 @@ class Sandbox(Injected, abc.ABC):
     @abc.abstractmethod
     async def open_shell(self) -> ShellSession:
         """A stateful shell session in this sandbox."""
+
+    async def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str = WORKSPACE,
+    ) -> SandboxProcess:
+        """Starts ``argv`` in the sandbox with piped stdin, stdout and stderr, and returns at
+        once (see :class:`SandboxProcess`).
+
+        Args:
+            argv: The program and its arguments.
+            env: Extra environment variables (over the same minimal base as :meth:`exec`).
+            cwd: Working directory inside the sandbox.
+
+        Raises:
+            SandboxError: The backend cannot spawn long-running processes (this default), or
+                the process cannot be started.
+        """
+        raise SandboxError(f"the {self.backend} sandbox cannot spawn long-running processes")
 
     @abc.abstractmethod
     async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:

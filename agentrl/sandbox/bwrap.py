@@ -45,8 +45,9 @@ class BwrapSandbox(LocalSandbox):
           private, readable.
         * Filesystem: read-only root; ``/usr`` and a short allow-list of ``/etc`` files
           read-only; private ``/tmp`` (size-capped tmpfs) and ``/dev``; the workspace
-          read-write at ``/workspace``. Home directories, the repository and every other host
-          path are invisible.
+          read-write at ``/workspace``; the directories of the ``ro_binds`` option read-only at
+          their host paths. Home directories, the repository and every other host path are
+          invisible.
         * Environment cleared: only PATH, HOME, LANG, TMPDIR and what the caller passes.
         * rlimits per command: address space, CPU time, file size, and (root) process count.
     Does not guarantee:
@@ -59,7 +60,7 @@ class BwrapSandbox(LocalSandbox):
 
     backend = "bwrap"
 
-    def __init__(self, limits: Limits | None = None, *, tag: str = "") -> None:
+    def __init__(self, limits: Limits | None = None, *, tag: str = "", ro_binds: Sequence[str] = ()) -> None:
         for tool in ("bwrap", "nsenter", "prlimit", "setpriv"):
             if shutil.which(tool) is None:
                 raise SandboxUnavailableError(
@@ -67,7 +68,7 @@ class BwrapSandbox(LocalSandbox):
                     "(Debian/Ubuntu), or choose another backend: `--env-kwarg sandbox=docker`, or "
                     "`--env-kwarg sandbox=process` for trusted code only"
                 )
-        super().__init__(limits, tag=tag)
+        super().__init__(limits, tag=tag, ro_binds=ro_binds)
         self._holder: asyncio.subprocess.Process | None = None
         self._ns_pid: int | None = None
 
@@ -140,6 +141,9 @@ class BwrapSandbox(LocalSandbox):
             "--proc", "/proc", "--dev", "/dev",
             "--size", str(self.limits.file_size_mb * 1024 * 1024), "--tmpfs", "/tmp",
             "--bind", self.workspace, WORKSPACE,
+            # e.g. a Python package directory for a server run inside; after /tmp, so a bound
+            # directory under /tmp is not hidden by the private one
+            *(arg for path in self.ro_binds for arg in ("--ro-bind", path, path)),
             "--remount-ro", "/",
             "--chdir", WORKSPACE,
         ]

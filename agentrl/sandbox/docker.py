@@ -14,9 +14,8 @@ import contextlib
 import os
 import secrets
 import shutil
-import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentrl.sandbox._docker_api import (
@@ -32,8 +31,9 @@ from agentrl.sandbox._docker_api import (
     resolve_docker_host,
     run_container,
 )
+from agentrl.sandbox._docker_process import DockerProcess, docker_cli_path, end_client, start_client
 from agentrl.sandbox._docker_runner import CommandRunner, RunnerGone
-from agentrl.sandbox._docker_workspace import make_workspace, remove_workspace
+from agentrl.sandbox._docker_workspace import make_private_dirs, make_workspace, remove_workspace
 from agentrl.sandbox._io import read_workspace_file, write_workspace_file
 from agentrl.sandbox.base import (
     WORKSPACE,
@@ -41,7 +41,7 @@ from agentrl.sandbox.base import (
     Limits,
     Sandbox,
     SandboxError,
-    SandboxUnavailableError,
+    SandboxProcess,
     ShellSession,
 )
 from agentrl.sandbox.container_scripts import script
@@ -170,6 +170,14 @@ class DockerSandbox(Sandbox):
         uid: User and group id of everything run inside (the workspace is chowned to it).
         cpus: CPUs the container may use.
         fast_exec: Run commands through the in-container runner (else one docker exec each).
+        network: ``"none"`` (default: loopback only) or ``"bridge"`` (Docker's default
+            network: whatever the host can reach). Only grant it on purpose.
+        workspace_aliases: More absolute container paths where the workspace is mounted too
+            (e.g. a task's ``/app``): the same files under another name.
+        private_dirs: Container path -> ``"ro"`` or ``"rw"`` (the mount): a fresh, empty host
+            directory per path, mounted there, that the sandbox's uid can read but not write
+            (it belongs to the host's user, mode 0755) until the host hands it over; the host
+            fills or reads it through :meth:`host_dir`. Removed with the workspace.
     """
 
     backend = "docker"
@@ -185,8 +193,24 @@ class DockerSandbox(Sandbox):
         uid: int = 65534,
         cpus: float = 1.0,
         fast_exec: bool = True,
+        network: str = "none",
+        workspace_aliases: Sequence[str] = (),
+        private_dirs: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(limits)
+        if network not in ("none", "bridge"):
+            raise ValueError(f"network must be 'none' or 'bridge', not {network!r}")
+        for path in (*workspace_aliases, *(private_dirs or {})):
+            if not path.startswith("/") or path in ("/", WORKSPACE, "/tmp") or ".." in path.split("/"):
+                raise ValueError(f"{path!r} cannot be mounted: give an absolute path other "
+                                 f"than /, {WORKSPACE} and /tmp")
+        for mode in (private_dirs or {}).values():
+            if mode not in ("ro", "rw"):
+                raise ValueError(f"private_dirs modes are 'ro' or 'rw', not {mode!r}")
+        self.network = network
+        self.workspace_aliases = tuple(workspace_aliases)
+        self.private_dirs = dict(private_dirs or {})
+        self._private_hosts: dict[str, str] = {}
         self.image = image
         self.docker_host = resolve_docker_host(docker_host)
         self.workspace_root = (
@@ -207,7 +231,8 @@ class DockerSandbox(Sandbox):
         # AGENTRL_EXEC tokens of the running commands, the runner and the open shells: the
         # processes that carry one survive a sweep.
         self._live_tokens: set[str] = set()
-        self._shell_tokens: dict[int, str] = {}
+        self._client_tokens: dict[int, str] = {}  # docker exec -i clients (shells, spawned)
+        self._processes: list[DockerProcess] = []
         self._shells: list[PipeShellSession] = []
         self._recover_lock = asyncio.Lock()
         self._oom_seen = 0
@@ -234,11 +259,16 @@ class DockerSandbox(Sandbox):
             make_workspace, self.workspace_root, self.uid, self.limits.workspace_mb
         )
         try:
+            self._private_hosts = await asyncio.to_thread(
+                make_private_dirs, self.workspace, self.private_dirs
+            ) if self.private_dirs else {}
             self._container = await asyncio.to_thread(
                 run_container, self._client, self.image, limits=self.limits, cpus=self.cpus,
                 workspace=self.workspace, user=self._keeper_uid, env=BASE_ENV,
                 labels={OWNER_LABEL: str(os.getpid()), **self.labels,
                         "agentrl.backend": self.backend},
+                network=self.network, workspace_aliases=self.workspace_aliases,
+                binds={p: (self._private_hosts[p], m) for p, m in self.private_dirs.items()},
             )
         except BaseException:
             await asyncio.to_thread(remove_workspace, self.workspace)
@@ -254,6 +284,10 @@ class DockerSandbox(Sandbox):
             with contextlib.suppress(Exception):
                 await shell.close()
         self._shells.clear()
+        for process in self._processes:
+            with contextlib.suppress(Exception):
+                await process.kill()
+        self._processes.clear()
         if self._runner is not None:
             self._runner.close()
         container, self._container = self._container, None
@@ -472,49 +506,62 @@ class DockerSandbox(Sandbox):
         self._oom_seen = 0
         self._pids_seen = 0
 
+    # -- the host's side: private directories, stopping everything ---------------------------
+
+    def host_dir(self, path: str) -> str:
+        """The host directory behind the private directory ``path`` (see ``private_dirs``)."""
+        self._check()
+        if path not in self._private_hosts:
+            raise SandboxError(f"{path!r} is not one of this sandbox's private_dirs {sorted(self.private_dirs)}")
+        return self._private_hosts[path]
+
+    async def stop_processes(self) -> None:
+        """Stops every process of the sandbox (open shells, background jobs, the runner) by
+        restarting the container: the workspace and private dirs are kept, /tmp is emptied.
+        Commands run afterwards start from nothing the sandboxed code left behind."""
+        self._check()
+        for shell in self._shells:
+            with contextlib.suppress(Exception):
+                await shell.close()
+        self._shells.clear()
+        async with self._recover_lock:
+            await self._restart()
+
     # -- shell -----------------------------------------------------------------------------
 
     async def open_shell(self) -> ShellSession:
         self._check()
-        docker_cli = shutil.which("docker")
-        if docker_cli is None:
-            raise SandboxUnavailableError("open_shell needs the docker CLI (apt-get install docker.io)")
+        docker_cli = docker_cli_path(shutil.which, "open_shell")
 
         async def spawn() -> asyncio.subprocess.Process:
             self._check()
             async with self._recover_lock:  # wait for a restart in progress
                 pass
-            token = secrets.token_hex(8)
-            self._live_tokens.add(token)
-            proc = await asyncio.create_subprocess_exec(
-                docker_cli, "exec", "-i", "-u", f"{self.uid}:{self.uid}", "-w", WORKSPACE,
-                "-e", f"{TOKEN_VAR}={token}", self.container_id,
-                "bash", "--noprofile", "--norc",
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env={**os.environ, "DOCKER_HOST": self.docker_host},
-            )
-            self._shell_tokens[proc.pid] = token
-            return proc
+            return await start_client(self, docker_cli, ["bash", "--noprofile", "--norc"],
+                                      cwd=WORKSPACE, env={})
 
-        async def kill(proc: asyncio.subprocess.Process) -> None:
-            token = self._shell_tokens.pop(proc.pid, None)
-            if token is not None:
-                self._live_tokens.discard(token)
-            if not self.closed and self._container is not None:
-                await self._sweep()  # kills the shell's bash and all it started
-            # Signal the `docker exec` client by pid, not with proc.kill(): that polls the
-            # child first, reaping it behind asyncio's child watcher, which then logs
-            # "Unknown child process" and reports exit status 255.
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGKILL)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(proc.wait(), 10)
-
-        shell = PipeShellSession(spawn, kill, self.limits.timeout_s, self.limits.output_bytes)
+        shell = PipeShellSession(spawn, self._end_client, self.limits.timeout_s, self.limits.output_bytes)
         self._shells.append(shell)
         return shell
+
+    async def spawn(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str = WORKSPACE,
+    ) -> SandboxProcess:
+        """Starts ``argv`` as its own ``docker exec -i`` (see :meth:`Sandbox.spawn`); it survives
+        sweeps until killed, and goes with the container."""
+        self._check()
+        if not argv:
+            raise SandboxError("spawn needs a command")
+        docker_cli = docker_cli_path(shutil.which, "spawn")
+        async with self._recover_lock:
+            pass
+        process = DockerProcess(await start_client(self, docker_cli, list(argv), cwd=cwd,
+                                                   env=dict(env or {})), self._end_client)
+        self._processes.append(process)
+        return process
+
+    async def _end_client(self, proc: asyncio.subprocess.Process) -> None:
+        await end_client(self, proc)
 
     # -- files -----------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agentrl.sandbox import _procs
@@ -32,7 +32,15 @@ from agentrl.sandbox._io import (
     read_workspace_file,
     write_workspace_file,
 )
-from agentrl.sandbox.base import WORKSPACE, ExecResult, Limits, Sandbox, SandboxError, ShellSession
+from agentrl.sandbox.base import (
+    WORKSPACE,
+    ExecResult,
+    Limits,
+    Sandbox,
+    SandboxError,
+    SandboxProcess,
+    ShellSession,
+)
 from agentrl.sandbox.shell import PipeShellSession
 
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -66,11 +74,66 @@ class Spawned:
             transport.close()
 
 
+class _LocalProcess(SandboxProcess):
+    """A :class:`SandboxProcess` of a local backend: a spawned command and its sandbox's kill."""
+
+    def __init__(self, spawned: Spawned, kill: Callable[[Spawned], Awaitable[None]]) -> None:
+        assert spawned.stdin is not None
+        self.stdin = spawned.stdin
+        self.stdout = spawned.stdout
+        self.stderr = spawned.stderr
+        self.pid = spawned.pid
+        self._spawned = spawned
+        self._kill = kill
+        self._killed = False
+
+    @property
+    def returncode(self) -> int | None:
+        return self._spawned.returncode
+
+    async def wait(self) -> int:
+        return await self._spawned.process.wait()
+
+    async def kill(self) -> None:
+        if self._killed:
+            return
+        self._killed = True
+        with contextlib.suppress(ConnectionError, OSError, RuntimeError):
+            self.stdin.close()
+        await self._kill(self._spawned)
+
+
 class LocalSandbox(Sandbox):
     """Shared machinery of host-process backends: workspace, uid, limits, spawning, timeouts,
-    file I/O. Subclasses say how a command line is wrapped (:meth:`_command`)."""
+    file I/O. Subclasses say how a command line is wrapped (:meth:`_command`).
 
-    def __init__(self, limits: Limits | None = None, *, tag: str = "", own_uid: bool = True) -> None:
+    Args:
+        limits: Resource limits.
+        tag: Part of the workspace's directory name.
+        own_uid: As root, run as a uid of the sandbox's own (``False``: the caller's).
+        ro_binds: Host directories made visible read-only at the same path (bwrap); the
+            ``process`` backend sees the whole host anyway and only checks them. Each must be
+            an absolute path to an existing directory the sandbox's uid can read.
+
+    Raises:
+        ValueError: An entry of ``ro_binds`` is not an absolute path to a directory.
+    """
+
+    def __init__(
+        self,
+        limits: Limits | None = None,
+        *,
+        tag: str = "",
+        own_uid: bool = True,
+        ro_binds: Sequence[str] = (),
+    ) -> None:
+        if isinstance(ro_binds, str):
+            raise ValueError(f"ro_binds must be a list of directories, got the string {ro_binds!r}")
+        for path in ro_binds:
+            if not isinstance(path, str) or not os.path.isabs(path) or not os.path.isdir(path):
+                raise ValueError(f"ro_binds entries must be absolute paths of existing directories, "
+                                 f"got {path!r}")
+        self.ro_binds = tuple(os.path.normpath(p) for p in ro_binds)
         super().__init__(limits)
         # as root, a uid of its own (own_uid=False: the caller's, for code that must read the
         # caller's files, e.g. a command agent running the project's Python)
@@ -247,6 +310,21 @@ class LocalSandbox(Sandbox):
             return await self._spawn(host_argv, host_env, stdin=True)
 
         return PipeShellSession(spawn, self._kill, self.limits.timeout_s, self.limits.output_bytes)
+
+    async def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str = WORKSPACE,
+    ) -> SandboxProcess:
+        """Starts ``argv`` with pipes (see :meth:`Sandbox.spawn`); the sandbox kills it, with
+        everything it started, when it closes."""
+        if not argv:
+            raise SandboxError("spawn needs a command")
+        await self._ensure_running()
+        host_argv, host_env = self._command(list(argv), dict(env or {}), cwd)
+        return _LocalProcess(await self._spawn(host_argv, host_env, stdin=True), self._kill)
 
     # -- files ----------------------------------------------------------------------------------
 
