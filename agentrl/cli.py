@@ -19,7 +19,9 @@ def _cmd_list_envs(args: argparse.Namespace) -> int:
     for spec in list_envs():
         try:
             env = spec.make()
-            tools, turns = ", ".join(env.toolbox.names) or "-", str(env.max_turns)
+            # MCP servers are not started here: their tools are known only after a reset
+            names = [*env.toolbox.names, *(f"mcp:{s.label}" for s in env.mcp_servers)]
+            tools, turns = ", ".join(names) or "-", str(env.max_turns)
             env.close()
         except Exception as exc:  # noqa: BLE001 - one broken env must not hide the others
             tools, turns = f"(cannot build: {type(exc).__name__}: {exc})", "?"
@@ -37,7 +39,12 @@ def _cmd_check_env(args: argparse.Namespace) -> int:
     spec = env_spec(args.id)
     env = spec.make(**parse_pairs(args.env_kwarg, "--env-kwarg"))
     check_env(env, seed=args.seed)
-    print(f"{spec.id}: all checks passed ({len(env.toolbox)} tools, max_turns={env.max_turns})")
+    tools = f"{len(env.toolbox)} tools"
+    if env.mcp_info:
+        count = sum(len(s["tools"]) for s in env.mcp_info)
+        servers = ", ".join(f"{s['name']} ({s['server_info'] or 'unnamed server'})" for s in env.mcp_info)
+        tools += f", {count} from MCP servers: {servers}"
+    print(f"{spec.id}: all checks passed ({tools}, max_turns={env.max_turns})")
     return 0
 
 

@@ -118,6 +118,18 @@ class PluginError(AgentRLError):
     cannot be loaded or has the wrong form."""
 
 
+class McpServerError(AgentRLError):
+    """An MCP server cannot be used: it cannot be started or reached, does not finish the
+    handshake and ``tools/list`` within its startup timeout, or lists tools that cannot become
+    agentrl tools (a name outside ``TOOL_NAME_PATTERN``, an invalid JSON schema, a name another
+    tool of the env already has, an allow-listed tool it does not list). The message names the
+    server, its command or URL and, for a server that failed to start, the end of its stderr.
+
+    A server that fails *during* an episode is not this error: its calls become ``tool_error``
+    messages (:class:`ToolServerError`) and it is restarted for the next episode.
+    """
+
+
 # --- errors the model caused (become observations) -------------------------------------------
 
 
@@ -141,6 +153,10 @@ class ToolErrorKind(enum.StrEnum):
 class ToolCallError(AgentRLError):
     """A tool call failed because of what the model wrote or what the tool did.
 
+    TOOL_ERROR = "tool_error"
+    """The server behind the tool (an MCP server) reported the call as failed (an ``isError``
+    result or a JSON-RPC error), returned an invalid result, or stopped or lost the connection
+    during or before the call."""
     Attributes:
         kind: The failure category.
         tool_name: The tool the model asked for, when known.
@@ -207,3 +223,28 @@ class ToolExecutionError(ToolCallError):
     """The tool raised; the message carries the exception type and text the model will see."""
 
     kind = ToolErrorKind.TOOL_EXCEPTION
+
+
+class ToolServerError(ToolCallError):
+    """A tool served by an external server (an MCP server) failed; the message is what the
+    model sees after ``Error (tool_error): ``.
+
+    Attributes:
+        server: The server's label.
+        connection_lost: The server is gone for the rest of the episode (it stopped, or the
+            connection broke); it is restarted for the next one.
+    """
+
+    kind = ToolErrorKind.TOOL_ERROR
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        tool_name: str | None = None,
+        server: str = "",
+        connection_lost: bool = False,
+    ) -> None:
+        super().__init__(message, tool_name=tool_name)
+        self.server = server
+        self.connection_lost = connection_lost

@@ -11,19 +11,20 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from agentrl.env.core import ToolEnv
 from agentrl.env.messages import message_problem
 from agentrl.errors import AgentRLError, EnvCheckError, ToolErrorKind
 from agentrl.tools.calls import TOOL_NAME_PATTERN, ToolCall
+from agentrl.tools.tool import schema_validator
 
 CHECKS = (
     "type",
     "tool schemas",
     "reset",
     "determinism",
+    "mcp servers",
     "final answer",
     "reset needed",
     "unknown tool",
@@ -63,6 +64,13 @@ def check_env(
     ``oracle_episodes`` tasks (the first of ``task_set("test")``, else seeds; a fixed task in
     ``options`` once) succeeds on at least 95% of them; ``close()`` twice is fine.
 
+    An env with ``mcp_servers`` also gets its servers checked: the first ``reset`` starts them
+    (a server that does not start, or lists a tool that cannot be offered, fails ``reset``);
+    then every server is connected and offers at least one tool, the tool schemas are checked
+    again with the servers' tools among them, ``info["tools"]`` has every one of them, a call
+    that breaks a server tool's schema comes back as a ``schema_violation`` message (validated
+    here, never sent), and after ``close()`` no server of the env is left running.
+
     Args:
         env: The environment (closed at the end).
         seed: Seed for the reset checks (and the first oracle episode played on seeds).
@@ -90,6 +98,9 @@ def check_env(
                     f"{call} gave different {what}:\n  {one[:300]}\n  {two[:300]}\nDraw tasks "
                     "from self.np_random (seeded by reset), not global random",
                 )
+
+    if env.mcp_servers:
+        _check_mcp(env, after_info, seed, options)
 
     obs, reward, terminated, truncated, info = _step(env, "final answer", "I am done.")
     if not terminated or truncated:
@@ -141,6 +152,12 @@ def check_env(
         env.close()
     except Exception as exc:  # noqa: BLE001
         _fail("close", f"close() is not idempotent: {type(exc).__name__}: {exc}")
+    if env.mcp_servers:
+        if env.mcp_status():
+            _fail("close", "the last episode's MCP connections are still open after close()")
+        pool = env.mcp_pool
+        if env._owns_mcp_pool and pool is not None and pool.connections():
+            _fail("close", f"shared MCP servers still run after close(): {pool.connections()}")
 
 
 def _fail(check: str, message: str) -> None:
@@ -165,9 +182,39 @@ def _check_schemas(env: ToolEnv) -> None:
         if not isinstance(params, Mapping) or params.get("type") != "object":
             _fail("tool schemas", f"tool {name!r}: parameters must be a JSON Schema of type object")
         try:
-            Draft202012Validator.check_schema(params)
+            schema_validator(params).check_schema(params)
         except SchemaError as exc:
             _fail("tool schemas", f"tool {name!r}: invalid JSON Schema: {exc.message}")
+
+
+def _check_mcp(env: ToolEnv, info: Mapping[str, Any], seed: int,
+               options: Mapping[str, Any] | None) -> None:
+    """The "mcp servers" check, on the episode the determinism check left open."""
+    status = env.mcp_status()
+    labels = [s.get("name") for s in status]
+    for server in env.mcp_servers:
+        if server.label not in labels:
+            _fail("mcp servers", f"MCP server {server.label!r} is not part of the episode "
+                  f"(episode servers: {labels})")
+    for entry in status:
+        if not entry.get("connected"):
+            _fail("mcp servers", f"MCP server {entry['name']!r} is not connected after reset")
+        if not entry.get("tools"):
+            _fail("mcp servers", f"MCP server {entry['name']!r} ({entry.get('server_info')}) "
+                  "offers no tools")
+    _check_schemas(env)
+    listed = {s.get("function", {}).get("name") for s in info.get("tools", [])}
+    mcp_tools = [name for entry in status for name in entry["tools"]]
+    absent = [name for name in mcp_tools if name not in listed]
+    if absent:
+        _fail("mcp servers", f"info['tools'] lacks the MCP tools {absent}")
+    for name in mcp_tools:
+        tool = env.toolbox.get(name)
+        if tool is not None and tool.parameters.get("required"):
+            bad = {"role": "assistant", "content": "", "tool_calls": [{"name": name, "arguments": {}}]}
+            if _expect_tool_error(env, "mcp servers", bad, ToolErrorKind.SCHEMA_VIOLATION):
+                _reset(env, seed, options)  # max_turns=1: that turn ended the episode
+            break
 
 
 def _check_oracle(
@@ -271,14 +318,16 @@ def _step(env: ToolEnv, check: str, action: Any) -> tuple:
     return result
 
 
-def _expect_tool_error(env: ToolEnv, check: str, action: Any, kind: ToolErrorKind) -> None:
-    obs, _, terminated, _, info = _step(env, check, action)
+def _expect_tool_error(env: ToolEnv, check: str, action: Any, kind: ToolErrorKind) -> bool:
+    """Steps ``action``, expecting one ``kind`` error message; returns ``truncated``."""
+    obs, _, terminated, truncated, info = _step(env, check, action)
     if terminated:
         _fail(check, "a failed tool call must not end the episode")
     if len(obs) != 1 or obs[0]["role"] != "tool" or "Error" not in obs[0]["content"]:
         _fail(check, f"expected one error tool message, got {obs!r:.300}")
     if info.get("tool_errors", {}).get(kind.value) != 1:
         _fail(check, f"info['tool_errors'] must count one {kind.value!r}, got {info.get('tool_errors')!r}")
+    return truncated
 
 
 def _canonical(obs: Any) -> str:

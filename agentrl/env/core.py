@@ -15,9 +15,10 @@ import copy
 import dataclasses
 import inspect
 import json
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import gymnasium
 from gymnasium.error import ResetNeeded
@@ -27,15 +28,23 @@ from agentrl.env.rewards import as_reward
 from agentrl.errors import (
     AgentRLError,
     MalformedArgumentsError,
+    McpServerError,
     NoTaskSetError,
     ToolCallParseError,
+    ToolDefinitionError,
     ToolErrorKind,
     UnknownSplitError,
 )
 from agentrl.tools.calls import ToolCall
 from agentrl.tools.formats import ToolCallFormat, get_format
+from agentrl.tools.mcp._server import McpServer
 from agentrl.tools.tool import Injected, Tool
 from agentrl.tools.toolbox import Toolbox, ToolOutcome, error_text
+
+if TYPE_CHECKING:
+    from agentrl.tools.mcp._client import McpEpisode, McpPool
+
+_log = logging.getLogger(__name__)
 
 Action = str | Mapping[str, Any]
 """An assistant turn: ``{"role": "assistant", "content": str, "tool_calls": [...]}`` or text."""
@@ -127,8 +136,9 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
     * Both are never true together. Stepping after either raises ``gymnasium.error.ResetNeeded``.
 
     **Tool failures never raise.** A call that cannot be parsed, names an unknown tool, has
-    arguments that are not a JSON object or break the tool's schema, times out, or raises inside
-    the tool becomes a ``role: tool`` message starting ``Error (<kind>):`` that says what to fix,
+    arguments that are not a JSON object or break the tool's schema, times out, raises inside
+    the tool, or fails in the tool's server (``tool_error``: an MCP server's error, or a server
+    that stopped) becomes a ``role: tool`` message starting ``Error (<kind>):`` that says what to fix,
     and is counted in ``info["tool_errors"]``. A turn with a malformed call runs none of its
     calls. Errors in the environment's own code (hooks below, an injected value missing)
     propagate: those are bugs, not model behaviour.
@@ -149,6 +159,18 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
     worker thread, with their timeout). Tools that run model-written code must do so through a
     sandbox handle injected via :meth:`tool_context`.
 
+    **MCP servers.** ``mcp_servers`` (a class attribute next to ``tools``, or the constructor
+    keyword) declares :class:`~agentrl.tools.mcp.McpServer` s whose tools join ``tools``: the
+    servers are started when the first episode starts (constructors stay cheap), and their
+    listed tools are added to :attr:`toolbox` and ``info["tools"]`` from that first ``reset`` on,
+    validated against the servers' schemas like any tool. A server declared
+    ``lifetime="episode"`` (the default) is started for every episode and stopped when it
+    ends; one declared ``lifetime="run"`` is shared by the episodes of :attr:`mcp_pool` (the
+    env's own pool, for this env's life, unless an :class:`~agentrl.env.EnvFactory` gives the
+    run's). A server that reports an error, stops or crashes during a call gives an
+    ``Error (tool_error)`` message and is restarted for the next episode; one that cannot be
+    started at all raises :class:`~agentrl.errors.McpServerError` from ``reset``.
+
     **Subclassing.** Set ``tools`` (or pass ``tools=``) and implement :meth:`make_prompt` and
     :meth:`compute_reward`; implement :meth:`sample_task` so ``reset()`` without a task works.
     Optional: :meth:`setup_episode` / :meth:`teardown_episode` (async, e.g. a sandbox),
@@ -157,6 +179,10 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
 
     Args:
         tools: Tools for this instance (defaults to the class attribute ``tools``).
+        mcp_servers: MCP servers whose tools this instance offers too (defaults to the class
+            attribute ``mcp_servers``); their labels must be unique. Their ``lifetime="run"``
+            servers are shared through the env's own pool (made on first use, closed in
+            :meth:`close` / :meth:`aclose`) unless :meth:`use_mcp_pool` gives it another.
         max_turns: Assistant turns per episode before truncation (>= 1).
         tool_call_format: How tool calls are written in raw text (see
             :func:`agentrl.tools.available_formats`).
@@ -168,6 +194,8 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
     checker expects every env with render modes to declare one."""
     tools: ClassVar[Sequence[Tool | Callable[..., Any]]] = ()
     """Default tools of the env class."""
+    mcp_servers: ClassVar[Sequence[McpServer]] = ()
+    """Default MCP servers of the env class (:class:`~agentrl.tools.mcp.McpServer`)."""
     default_max_turns: ClassVar[int] = 8
     env_id: str | None = None
     """The registry id this instance was made from (set by ``make_env``)."""
@@ -176,6 +204,7 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
         self,
         *,
         tools: Iterable[Tool | Callable[..., Any]] | None = None,
+        mcp_servers: Iterable[McpServer] | None = None,
         max_turns: int | None = None,
         tool_call_format: str | ToolCallFormat = "hermes",
         render_mode: str | None = None,
@@ -186,6 +215,16 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}")
         self.toolbox = Toolbox(type(self).tools if tools is None else tools)
+        self.mcp_servers: tuple[McpServer, ...] = _check_mcp_servers(
+            type(self).mcp_servers if mcp_servers is None else mcp_servers)
+        self.mcp_pool: McpPool | None = None
+        """Where this env's ``lifetime="run"`` MCP servers are shared (see :meth:`use_mcp_pool`)."""
+        self.mcp_info: list[dict[str, Any]] = []
+        """The MCP servers of the latest episode (name, server_info, lifetime, sandbox,
+        connected, tools); kept after the episode ends."""
+        self._owns_mcp_pool = True
+        self._mcp_episode: McpEpisode | None = None
+        self._mcp_listing_warned = False
         self.max_turns = max_turns
         self.format = (
             tool_call_format
@@ -308,7 +347,17 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
         self._episode_errors = collections.Counter()
         self._episode_open = True
         await self.setup_episode(task)
+        if self.mcp_servers:
+            try:
+                await self._open_mcp()  # after setup_episode: the episode's sandbox exists
+            except BaseException:
+                await self._close_episode()  # releases the sandbox too
+                raise
         self._context = {type(obj): obj for obj in self.tool_context() if obj is not None}
+        if self._mcp_episode is not None:  # not through tool_context(): subclasses override it
+            from agentrl.tools.mcp._client import McpEpisode
+
+            self._context[McpEpisode] = self._mcp_episode
         prompt = await _maybe_await(self.make_prompt(task))
         self.messages = list(prompt)
         self._done = False
@@ -390,9 +439,26 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
 
     async def aclose(self) -> None:
         """Async form of :meth:`close` for code already running in an event loop: ends any open
-        episode. Subclasses that hold more (e.g. sandbox pools) free it here too, calling
+        episode and stops the env's own shared MCP servers (those of a pool it was given stay).
+        Subclasses that hold more (e.g. sandbox pools) free it here too, calling
         ``super().aclose()``. Safe to call repeatedly."""
-        await self._close_episode()
+        try:
+            await self._close_episode()
+        finally:
+            if self._owns_mcp_pool and self.mcp_pool is not None:
+                await self.mcp_pool.aclose()
+
+    def use_mcp_pool(self, pool: McpPool) -> None:
+        """Shares ``pool``'s ``lifetime="run"`` MCP servers with this env (e.g. the run's, from
+        :class:`~agentrl.env.EnvFactory`); its owner closes it, not this env. Call it before
+        the first ``reset``."""
+        self.mcp_pool = pool
+        self._owns_mcp_pool = False
+
+    def mcp_status(self) -> list[dict[str, Any]]:
+        """The current episode's MCP servers (name, server_info, lifetime, sandbox, connected,
+        tools); ``[]`` outside an episode or without servers."""
+        return self._mcp_episode.describe() if self._mcp_episode is not None else []
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -427,7 +493,46 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
         if self._episode_open:
             self._episode_open = False
             self._done = True
-            await self.teardown_episode()
+            try:
+                episode, self._mcp_episode = self._mcp_episode, None
+                if episode is not None:  # before the teardown: sandboxed servers go first
+                    await episode.close()
+            finally:
+                await self.teardown_episode()
+
+    async def _open_mcp(self) -> None:
+        """Starts or takes the episode's MCP servers and adds their tools to the toolbox."""
+        from agentrl.tools.mcp._client import McpPool
+
+        if self.mcp_pool is None:
+            self.mcp_pool = McpPool()
+            self._owns_mcp_pool = True
+        episode = await self.mcp_pool.open_episode(
+            self.mcp_servers, sandbox=getattr(self, "sandbox", None))
+        self._mcp_episode = episode
+        self.mcp_info = episode.describe()
+        missing, changed = [], []
+        for t in episode.tools:
+            known = self.toolbox.get(t.name)
+            if known is None:
+                missing.append(t)
+            elif getattr(known, "server", None) != t.server:  # another tool has the name
+                raise McpServerError(
+                    f"{type(self).__name__}: the tool {t.name!r} of the MCP server "
+                    f"{t.server.label!r} clashes with another tool of the env; set tool_prefix= "
+                    "on the McpServer or leave the tool out with tools=[...]")
+            elif known is not t:
+                changed.append(t.name)
+        if changed and not self._mcp_listing_warned:
+            self._mcp_listing_warned = True
+            _log.warning("%s: the MCP tools %s are listed differently than in an earlier "
+                         "episode; the env keeps the first listing", type(self).__name__, changed)
+        if missing:  # the first episode (or a setup_episode that rebuilt the toolbox)
+            try:
+                self.toolbox = Toolbox([*self.toolbox, *missing])
+            except ToolDefinitionError as exc:  # two servers list one name
+                raise McpServerError(f"{type(self).__name__}: MCP tools clash ({exc}); set "
+                                     "tool_prefix= on one of the McpServers") from exc
 
     def _run_sync(self, coroutine: Any) -> Any:
         try:
@@ -444,6 +549,20 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
             self._loop = asyncio.new_event_loop()
         return self._loop.run_until_complete(coroutine)
 
+
+
+def _check_mcp_servers(servers: Iterable[McpServer]) -> tuple[McpServer, ...]:
+    """``servers`` as a tuple, each an McpServer with a label of its own."""
+    servers = tuple(servers)
+    labels: set[str] = set()
+    for server in servers:
+        if not isinstance(server, McpServer):
+            raise TypeError(f"mcp_servers must hold agentrl.tools.mcp.McpServer declarations, got "
+                            f"{type(server).__name__}")
+        if server.label in labels:
+            raise ValueError(f"two MCP servers are labelled {server.label!r}; give one a name=")
+        labels.add(server.label)
+    return servers
 
 
 def _call_from_dict(raw: Any, index: int) -> ToolCall | ToolOutcome:

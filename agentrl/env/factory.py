@@ -4,7 +4,8 @@ A run makes envs in several places: the data source reads the task set, every ep
 fresh env, in-training evaluation and ``agentrl eval`` play eval sets. All of them go through
 one factory, built once from the run's flags, so that ``--env-kwarg``, ``--max-turns`` and
 ``--tool-call-format`` reach every env the same way, and so that sandboxed envs share the run's
-sandbox pools (the run owns them and closes them at its end).
+sandbox pools and envs with MCP servers the run's ``lifetime="run"`` servers (the run owns
+them and closes them at its end).
 
 Which settings reach which env:
 
@@ -15,6 +16,7 @@ setting               envs of the run's ``--env`` id           other ids (``--ev
 ``--max-turns``       yes                                      yes
 tool-call format      yes                                      yes
 sandbox pools         shared                                   shared
+MCP pool              shared                                   shared
 ====================  =======================================  ==================================
 """
 
@@ -23,11 +25,14 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.env.core import ToolEnv
 from agentrl.env.registry import env_spec
 from agentrl.sandbox import SandboxPools
+
+if TYPE_CHECKING:
+    from agentrl.tools.mcp._client import McpPool
 
 __all__ = ["EnvFactory", "EnvInfo"]
 
@@ -39,7 +44,9 @@ class EnvInfo:
     Attributes:
         env_id: The registry id (``calc-v0``).
         max_turns: The turn limit its episodes run under.
-        tool_schemas: Its tools' OpenAI-style schemas (empty: no tools).
+        tool_schemas: Its tools' OpenAI-style schemas (empty: no tools). The tools of MCP
+            servers are not among them: they are known only once a server has started, at an
+            episode's ``reset``.
     """
 
     env_id: str
@@ -57,6 +64,8 @@ class EnvFactory:
         tool_call_format: How the model writes tool calls.
         sandbox_pools: Pools the run's sandboxed envs share (``None``: the factory creates one
             set on first use and closes it in :meth:`aclose`).
+        mcp_pool: Where the run's envs share their ``lifetime="run"`` MCP servers (``None``:
+            the factory creates one on first use and closes it in :meth:`aclose`).
 
     Raises:
         UnknownEnvError: ``env_id`` is not registered (raised here, at start-up).
@@ -70,6 +79,7 @@ class EnvFactory:
         max_turns: int | None = None,
         tool_call_format: str = "hermes",
         sandbox_pools: SandboxPools | None = None,
+        mcp_pool: McpPool | None = None,
     ) -> None:
         self.env_id = env_id
         self.env_kwargs = dict(env_kwargs or {})
@@ -77,6 +87,8 @@ class EnvFactory:
         self.tool_call_format = tool_call_format
         self._own_pools = sandbox_pools is None
         self.sandbox_pools = sandbox_pools
+        self._own_mcp = mcp_pool is None
+        self.mcp_pool = mcp_pool
         self._spec = env_spec(env_id)
         self._info: EnvInfo | None = None
 
@@ -94,7 +106,10 @@ class EnvFactory:
             kwargs["max_turns"] = self.max_turns
         if _takes_sandbox_pools(spec):
             kwargs["sandbox_pools"] = self._pools()
-        return spec.make(**kwargs)
+        env = spec.make(**kwargs)
+        if getattr(env, "mcp_servers", ()):
+            env.use_mcp_pool(self._mcp())
+        return env
 
     def for_env(self, env_id: str) -> EnvFactory:
         """A factory of ``env_id`` that shares this run's settings and sandbox pools."""
@@ -105,6 +120,8 @@ class EnvFactory:
         other._info = None
         other._own_pools = False
         other.sandbox_pools = self._pools()
+        other._own_mcp = False
+        other.mcp_pool = self._mcp()
         if other._spec.id != self._spec.id:
             other.env_kwargs = {}
         return other
@@ -139,10 +156,24 @@ class EnvFactory:
             probe.close()
 
     async def aclose(self) -> None:
-        """Closes the sandbox pools this factory created (not ones it was given)."""
+        """Closes the sandbox pools and the MCP pool this factory created (not ones it was
+        given), in the running event loop."""
+        mcp, self.mcp_pool = self.mcp_pool, None
         pools, self.sandbox_pools = self.sandbox_pools, None
-        if pools is not None and self._own_pools:
-            await pools.aclose()
+        try:
+            if mcp is not None and self._own_mcp:
+                await mcp.aclose()
+        finally:
+            if pools is not None and self._own_pools:
+                await pools.aclose()
+
+    def _mcp(self) -> McpPool:
+        if self.mcp_pool is None:
+            from agentrl.tools.mcp._client import McpPool
+
+            self.mcp_pool = McpPool()
+            self._own_mcp = True
+        return self.mcp_pool
 
     def _pools(self) -> SandboxPools:
         if self.sandbox_pools is None:

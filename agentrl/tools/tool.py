@@ -13,6 +13,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from jsonschema.validators import validator_for
 
 from agentrl.errors import (
     MalformedArgumentsError,
@@ -99,7 +100,7 @@ class Tool:
             parameters = self._derive_parameters(doc.params)
         self.parameters = dict(parameters)
         self._check_schema()
-        self._validator = Draft202012Validator(self.parameters)
+        self._validator = schema_validator(self.parameters)(self.parameters)
         functools.update_wrapper(self, fn)
 
     def _derive_parameters(self, docs: Mapping[str, str]) -> dict[str, Any]:
@@ -140,7 +141,7 @@ class Tool:
                 f"got {self.parameters.get('type')!r}"
             )
         try:
-            Draft202012Validator.check_schema(self.parameters)
+            schema_validator(self.parameters).check_schema(self.parameters)
         except SchemaError as exc:
             path = "/".join(str(p) for p in exc.path) or "(root)"
             raise ToolDefinitionError(
@@ -253,6 +254,12 @@ def tool(
         )
 
     return wrap(fn) if fn is not None else wrap
+
+
+def schema_validator(schema: Mapping[str, Any]) -> type:
+    """The jsonschema validator class of ``schema``'s dialect: the one its ``$schema`` names
+    (draft 4 to 2020-12), else Draft 2020-12 (what a schema without ``$schema`` means)."""
+    return validator_for(schema, default=Draft202012Validator)
 
 
 def _is_injected(hint: Any) -> bool:

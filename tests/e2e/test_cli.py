@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -132,3 +135,14 @@ def test_eval_with_a_model_policy(tmp_path):
     episodes = [json.loads(line) for line in (tmp_path / "model.episodes.jsonl").read_text().splitlines()]
     assert all(e["turns"] >= 1 and e["messages"] for e in episodes)
     assert {e["task_id"] for e in episodes} and all(e["sample"] in (0, 1) for e in episodes)
+
+
+def test_check_env_on_the_mcp_example(tmp_path):
+    """``examples/mcp_time_env.py`` through the CLI: its MCP server is started, its tools are
+    listed and checked, and the output counts them."""
+    if importlib.util.find_spec("mcp_server_time") is None:
+        pytest.skip("needs mcp-server-time: pip install 'mcp-server-time>=2026.10.19' (in the dev extra)")
+    result = _agentrl(["check-env", "mcp_time_env:time-mcp"], tmp_path, REPO / "examples")
+    assert result.returncode == 0, result.stderr
+    assert ("time-mcp-v0: all checks passed (2 tools, 2 from MCP servers: time (mcp-time "
+            in result.stdout), result.stdout

@@ -124,7 +124,7 @@ def test_unknown_constructor_argument_names_env_argument_and_accepted_ones():
     message = str(excinfo.value)
     assert "env 'calc-v0' (CalcEnv) got unknown argument(s) 'max_turn'" in message
     assert "did you mean 'max_turns'?" in message
-    assert "accepts: compact, max_turns, render_mode, split, tool_call_format, tools" in message
+    assert "accepts: compact, max_turns, mcp_servers, render_mode, split, tool_call_format, tools" in message
 
 
 def test_missing_required_argument_is_named(clean_registry):
