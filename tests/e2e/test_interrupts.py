@@ -185,9 +185,10 @@ def _readable(path: Path) -> bool:
     return True
 
 
-SIGNALS = [pytest.param(signal.SIGINT, id="SIGINT"), pytest.param(signal.SIGTERM, id="SIGTERM")]
-BOTH = [(signal.SIGINT, "bwrap"), (signal.SIGTERM, "bwrap"), (signal.SIGINT, "docker"),
-        (signal.SIGTERM, "docker")]
+# Each signal and each backend once: the signal's handling does not depend on the backend
+# (one handler for both), and each backend's clean-up does not depend on the signal. A full
+# cross product doubled the CI time of these runs for no path the pairs miss.
+BOTH = [(signal.SIGINT, "bwrap"), (signal.SIGTERM, "docker")]
 
 
 def _name(signum: int) -> str:
@@ -226,7 +227,9 @@ def test_a_signal_while_sandboxes_run_a_command_leaks_nothing(signum, backend, t
     run.assert_nothing_left()
 
 
-@pytest.mark.parametrize("signum", SIGNALS)
+# SIGTERM only: SIGINT to the process group reaches the same handler (see BOTH above), and a
+# save cut short is the same whichever signal cut it.
+@pytest.mark.parametrize("signum", [pytest.param(signal.SIGTERM, id="SIGTERM")])
 def test_a_signal_to_the_process_group_during_a_save_names_a_complete_checkpoint(signum, tmp_path):
     from agentrl.orchestration.checkpoints import checkpoint_problem
 
