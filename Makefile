@@ -2,6 +2,7 @@
 #   make demo   - the main job (see README)
 #   make test   - every CPU test tier (as root it also installs bubblewrap and Docker; and vLLM)
 #   make vllm   - vLLM for --rollout-backend vllm (the .[vllm] extra, see scripts/setup-vllm.sh)
+#   (make test also makes .venv-harbor, Python 3.12 with Harbor, see scripts/setup-harbor-check.sh)
 #   make lint   - ruff
 #   make bench  - the benchmarks in bench/
 
@@ -46,6 +47,7 @@ demo: setup
 
 test: setup system vllm
 	scripts/fetch-sglang-contract.sh
+	scripts/setup-harbor-check.sh
 	$(PY) -m pytest --durations=30
 
 test-unit: setup
@@ -58,6 +60,7 @@ bench: setup system
 	$(PY) bench/env_overhead.py
 	$(PY) bench/sandbox.py
 	$(PY) bench/swe_tools.py
+	$(PY) bench/harbor.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -94,6 +94,11 @@ class RewardError(AgentRLError):
     """A custom reward function or model failed or returned something that is not a number."""
 
 
+class GradingError(RewardError):
+    """An env's grader could not produce a reward (e.g. a Harbor verifier that timed out or
+    wrote no valid reward file): the episode fails with this reason instead of scoring 0."""
+
+
 class RolloutFailedError(AgentRLError):
     """Too many samples of a rollout failed to train on (``--max-failed-fraction``)."""
 
@@ -113,11 +118,6 @@ class RunInterrupted(AgentRLError):
         self.exit_code = exit_code
 
 
-class PluginError(AgentRLError):
-    """A user plug-in (``--custom-generate-function-path``, ``--custom-rm-path``, a filter)
-    cannot be loaded or has the wrong form."""
-
-
 class McpServerError(AgentRLError):
     """An MCP server cannot be used: it cannot be started or reached, does not finish the
     handshake and ``tools/list`` within its startup timeout, or lists tools that cannot become
@@ -128,6 +128,11 @@ class McpServerError(AgentRLError):
     A server that fails *during* an episode is not this error: its calls become ``tool_error``
     messages (:class:`ToolServerError`) and it is restarted for the next episode.
     """
+
+
+class PluginError(AgentRLError):
+    """A user plug-in (``--custom-generate-function-path``, ``--custom-rm-path``, a filter)
+    cannot be loaded or has the wrong form."""
 
 
 # --- errors the model caused (become observations) -------------------------------------------
@@ -148,15 +153,15 @@ class ToolErrorKind(enum.StrEnum):
     """The tool did not finish within its timeout."""
     TOOL_EXCEPTION = "tool_exception"
     """The tool itself raised an exception."""
+    TOOL_ERROR = "tool_error"
+    """The server behind the tool (an MCP server) reported the call as failed (an ``isError``
+    result or a JSON-RPC error), returned an invalid result, or stopped or lost the connection
+    during or before the call."""
 
 
 class ToolCallError(AgentRLError):
     """A tool call failed because of what the model wrote or what the tool did.
 
-    TOOL_ERROR = "tool_error"
-    """The server behind the tool (an MCP server) reported the call as failed (an ``isError``
-    result or a JSON-RPC error), returned an invalid result, or stopped or lost the connection
-    during or before the call."""
     Attributes:
         kind: The failure category.
         tool_name: The tool the model asked for, when known.

@@ -42,3 +42,10 @@ register_env(
     description="SWE-bench-format instances in their Docker images; graded like the official "
     "harness (test_patch applied, FAIL_TO_PASS and PASS_TO_PASS must pass).",
 )
+register_env(
+    "harbor-v0",
+    entry_point="agentrl_envs.harbor:HarborEnv",
+    description="Harbor task directories (task.toml, instruction.md, environment/Dockerfile, "
+    "tests/test.sh) in their Docker images, graded by the task's verifier; --env-kwarg path=DIR "
+    "(default: the 14 shipped tasks).",
+)

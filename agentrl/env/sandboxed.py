@@ -130,11 +130,17 @@ class SandboxedToolEnv(ToolEnv):
         ``self.sandbox_options`` for every task."""
         return self.sandbox_options
 
+    def limits_for(self, task: Mapping[str, Any]) -> Limits:
+        """The resource limits of ``task``'s sandbox (e.g. from a task's own configuration).
+        Default: ``self.limits`` for every task."""
+        return self.limits
+
     async def setup_episode(self, task: Mapping[str, Any]) -> None:
-        """Acquires a sandbox from the pool of :meth:`sandbox_options_for` (waiting while
-        ``max_concurrent_sandboxes`` are in use) and fills it with :meth:`prepare_sandbox`."""
+        """Acquires a sandbox from the pool of :meth:`limits_for` and
+        :meth:`sandbox_options_for` (waiting while ``max_concurrent_sandboxes`` are in use) and
+        fills it with :meth:`prepare_sandbox`."""
         self._pool = self.sandbox_pools.get(
-            self.sandbox_backend, self.limits, self.max_concurrent_sandboxes,
+            self.sandbox_backend, self.limits_for(task), self.max_concurrent_sandboxes,
             self.sandbox_options_for(task),
         )
         self.sandbox = await self._pool.acquire()

@@ -23,6 +23,7 @@ NEEDS_USER_DATA = {
     "images; tests/integration/test_swe_tools.py checks it on a hand-made instance",
 }
 BWRAP_SKIP = backend_skip_reason("bwrap")
+DOCKER_ONLY = {"harbor-v0"}  # plays each task in its own Docker image
 
 
 @pytest.fixture(autouse=True)
@@ -38,7 +39,11 @@ def test_gymnasium_check_env_passes_without_warnings(env_id):
     if env_id in NEEDS_USER_DATA:
         pytest.skip(NEEDS_USER_DATA[env_id])
     kwargs = {}
-    if issubclass(agentrl.env_spec(env_id).load(), SandboxedToolEnv):
+    if env_id in DOCKER_ONLY:
+        if (docker_skip := backend_skip_reason("docker")) is not None:
+            pytest.skip(docker_skip)
+        kwargs["sandbox"] = "docker"
+    elif issubclass(agentrl.env_spec(env_id).load(), SandboxedToolEnv):
         if BWRAP_SKIP is not None:
             pytest.skip(BWRAP_SKIP)
         kwargs["sandbox"] = "bwrap"

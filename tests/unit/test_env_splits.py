@@ -23,6 +23,8 @@ def _make(env_id, **kwargs):
     cls = agentrl.env_spec(env_id).load()
     if env_id == "swe-bench-v0":
         kwargs["instances"] = [SWE_BENCH_ROW]
+    elif env_id == "harbor-v0":
+        kwargs["sandbox"] = "docker"  # its only backend; nothing runs here
     elif issubclass(cls, SandboxedToolEnv):
         kwargs["sandbox"] = "process"  # nothing runs here: any backend name resolves
     return agentrl.make_env(env_id, **kwargs)

@@ -12,7 +12,9 @@ from agentrl.cli import build_parser as build_cli_parser
 from agentrl.orchestration.flags import build_parser as build_train_parser
 
 REPO = Path(__file__).resolve().parents[2]
-SOURCES = sorted([*(REPO / "agentrl").rglob("*.py"), *(REPO / "envs").rglob("*.py"),
+# envs/harbor/tasks/ holds task data: the flags there are the tasks' own programs'.
+SOURCES = sorted([*(REPO / "agentrl").rglob("*.py"),
+                  *(p for p in (REPO / "envs").rglob("*.py") if "harbor/tasks" not in p.as_posix()),
                   *(REPO / "tools").rglob("*.py"), REPO / "train.py"])
 
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*[a-z0-9](?:-\*)?")

@@ -1,0 +1,208 @@
+"""Building Harbor task images with agentrl's private Docker daemon, offline.
+
+A task's image is its ``environment/Dockerfile`` (or ``[environment].docker_image``) plus one
+layer of agentrl's own: a copy of the task's working directory at :data:`SEED_DIR`, from which
+each episode fills its writable workspace (the container's root file system is read-only, and
+the workspace is mounted over the working directory). Images are tagged with a hash of the
+environment folder (every file's path, mode and bytes), the base-image override and this
+recipe, so an unchanged task is built once per daemon and an edited one is rebuilt.
+
+Nothing is pulled: an image named by ``FROM`` (or ``docker_image``) must already be on the
+daemon. agentrl's own base image is built locally when missing
+(:func:`agentrl.sandbox.images.ensure_base_image`); any other missing image is an error that
+names it and how to provide it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from agentrl.sandbox.images import DEFAULT_IMAGE
+from agentrl_envs.harbor.task import HarborTask, HarborTaskError
+
+SEED_DIR = "/.agentrl-seed"
+RECIPE = "agentrl-harbor-image-v1"
+_FROM = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*(?P<image>\S+)(?:\s+AS\s+(?P<stage>\S+))?\s*$",
+                   re.IGNORECASE)
+_LOCKS: dict[str, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+class HarborImageError(HarborTaskError):
+    """A task's image cannot be built offline: a ``FROM`` image that is not on the daemon, a
+    failed ``docker build``, or a build over ``[environment].build_timeout_sec``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskImage:
+    """A built task image: ``tag``, the task's ``workdir`` in it, whether this call ``built``
+    it (False: cached) and the ``seconds`` that took."""
+
+    tag: str
+    workdir: str
+    built: bool
+    seconds: float
+
+
+def environment_hash(task: HarborTask, base_image: str | None = None) -> str:
+    """A hash of what the task's image is made from (see the module docstring)."""
+    digest = hashlib.sha256(f"{RECIPE}\0{base_image or ''}\0{task.docker_image or ''}\0"
+                            f"{task.workdir or ''}\0".encode())
+    env_dir = task.environment_dir
+    if env_dir.is_dir():
+        for path in sorted(p for p in env_dir.rglob("*") if p.is_file() or p.is_symlink()):
+            rel = path.relative_to(env_dir).as_posix()
+            mode = os.lstat(path).st_mode & 0o111
+            data = os.readlink(path).encode() if path.is_symlink() else path.read_bytes()
+            digest.update(f"{rel}\0{mode:o}\0{len(data)}\0".encode())
+            digest.update(data)
+    return digest.hexdigest()
+
+
+def image_tag(task: HarborTask, base_image: str | None = None) -> str:
+    """The image tag of ``task``: ``agentrl-harbor-<name>:<environment hash>``."""
+    slug = re.sub(r"[^a-z0-9_.-]+", "-", task.name.lower()).strip("-.") or "task"
+    return f"agentrl-harbor-{slug}:{environment_hash(task, base_image)[:16]}"
+
+
+def from_lines(dockerfile: str) -> list[tuple[int, str, str | None]]:
+    """``(line number, image, stage name)`` of each ``FROM`` line of a Dockerfile."""
+    found = []
+    for number, line in enumerate(dockerfile.splitlines(), 1):
+        match = _FROM.match(line)
+        if match:
+            found.append((number, match["image"], match["stage"]))
+    return found
+
+
+def _missing_image_error(task: HarborTask, where: str, image: str) -> HarborImageError:
+    return HarborImageError(
+        f"Harbor task {task.path}: {where}: the image {image!r} is not on the local Docker "
+        "daemon, and agentrl builds task images offline (nothing is pulled). Provide it with "
+        f"`docker load -i image.tar` (made by `docker save {image}` on a machine that has it), "
+        f"or re-base the task onto agentrl's base image: --env-kwarg base_image={DEFAULT_IMAGE}"
+    )
+
+
+def _ensure_present(client: Any, task: HarborTask, where: str, image: str) -> None:
+    import docker.errors
+
+    if image == DEFAULT_IMAGE:
+        from agentrl.sandbox.images import ensure_base_image
+
+        ensure_base_image(client)
+        return
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        raise _missing_image_error(task, where, image) from None
+
+
+def _dockerfile(client: Any, task: HarborTask, base_image: str | None) -> str:
+    """The task's Dockerfile with external ``FROM`` images checked (or re-based) and agentrl's
+    seed layer appended."""
+    if task.docker_image is not None:
+        image = base_image or task.docker_image
+        _ensure_present(client, task, "task.toml: environment.docker_image", image)
+        text = f"FROM {image}\n"
+    else:
+        text = (task.environment_dir / "Dockerfile").read_text(encoding="utf-8")
+        lines = text.splitlines()
+        stages: set[str] = set()
+        for number, image, stage in from_lines(text):
+            if "$" in image and not base_image:
+                raise HarborImageError(
+                    f"Harbor task {task.path}: environment/Dockerfile line {number}: FROM {image} "
+                    "uses a build argument; agentrl cannot check it offline: pass --env-kwarg "
+                    f"base_image={DEFAULT_IMAGE} (or another local image) to re-base it")
+            if image.lower() != "scratch" and image not in stages:
+                if base_image:
+                    lines[number - 1] = f"FROM {base_image}" + (f" AS {stage}" if stage else "")
+                    image = base_image
+                _ensure_present(client, task, f"environment/Dockerfile line {number}", image)
+            if stage:
+                stages.add(stage)
+        if not stages and not from_lines(text):
+            raise HarborImageError(f"Harbor task {task.path}: environment/Dockerfile has no FROM line")
+        text = "\n".join(lines) + "\n"
+    workdir = f'"{task.workdir}"' if task.workdir else '"$PWD"'
+    return text + (
+        "USER root\n"
+        f"RUN d={workdir}; mkdir -p {SEED_DIR} && if [ \"$d\" != / ] && [ -d \"$d\" ]; then "
+        f"cp -R \"$d\"/. {SEED_DIR}/; fi && chmod -R a+rX {SEED_DIR}\n"
+        f"LABEL agentrl.harbor.task={_label(task.name)}\n"
+    )
+
+
+def _label(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _build(client: Any, task: HarborTask, tag: str, base_image: str | None, network: str) -> bool:
+    """Builds ``tag`` unless the daemon has it; True when it built."""
+    import docker.errors
+
+    with _LOCKS_GUARD:
+        lock = _LOCKS.setdefault(tag, threading.Lock())
+    with lock:
+        try:
+            client.images.get(tag)
+            return False
+        except docker.errors.ImageNotFound:
+            pass
+        dockerfile = _dockerfile(client, task, base_image)
+        with tempfile.TemporaryDirectory(prefix="agentrl-harbor-build-") as context:
+            if task.environment_dir.is_dir():
+                shutil.copytree(task.environment_dir, context, dirs_exist_ok=True, symlinks=True)
+            name = ".agentrl.Dockerfile"
+            Path(context, name).write_text(dockerfile, encoding="utf-8")
+            try:
+                client.images.build(path=context, dockerfile=name, tag=tag, rm=True,
+                                    forcerm=True, pull=False, network_mode=network)
+            except docker.errors.BuildError as exc:
+                log = "".join(str(c.get("stream") or c.get("error") or "") for c in exc.build_log)
+                raise HarborImageError(
+                    f"Harbor task {task.path}: building environment/Dockerfile failed: {exc.msg}; "
+                    f"the build log ends with: {log.strip()[-800:]}") from exc
+            except docker.errors.APIError as exc:
+                raise HarborImageError(f"Harbor task {task.path}: docker build failed: {exc}") from exc
+        return True
+
+
+def image_workdir(client: Any, task: HarborTask, tag: str) -> str:
+    """The task's working directory: ``[environment].workdir``, else the image's WORKDIR."""
+    if task.workdir:
+        return task.workdir
+    return client.images.get(tag).attrs.get("Config", {}).get("WorkingDir") or "/"
+
+
+async def ensure_task_image(
+    client: Any, task: HarborTask, *, base_image: str | None = None, network: str = "none"
+) -> TaskImage:
+    """Builds ``task``'s image unless the daemon has it (at most one build per tag at a time in
+    this process), within ``[environment].build_timeout_sec``.
+
+    Raises:
+        HarborImageError: see the class.
+    """
+    tag = image_tag(task, base_image)
+    start = time.perf_counter()
+    work = asyncio.to_thread(_build, client, task, tag, base_image, network)
+    try:
+        built = await asyncio.wait_for(work, task.build_timeout_s)
+    except TimeoutError:
+        raise HarborImageError(
+            f"Harbor task {task.path}: the image did not build within {task.build_timeout_s:g} s "
+            "(task.toml: environment.build_timeout_sec)") from None
+    workdir = await asyncio.to_thread(image_workdir, client, task, tag)
+    return TaskImage(tag, workdir, built, time.perf_counter() - start)

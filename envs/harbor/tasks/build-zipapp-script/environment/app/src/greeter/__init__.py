@@ -1,0 +1,3 @@
+"""greeter: prints friendly greetings."""
+
+VERSION = "1.4.2"

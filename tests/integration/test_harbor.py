@@ -1,0 +1,269 @@
+"""harbor-v0 on the private Docker daemon: images built offline and cached, isolation of the
+tests and the reward file, agent-side cheats, network and resource settings, and every way a
+grade can fail. The tasks here are written into tmp_path; the shipped ones are evaluated in
+tests/e2e/test_harbor_eval.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrl.errors import GradingError
+from agentrl_envs.harbor import HarborEnv, HarborTaskError
+from agentrl_envs.harbor.images import HarborImageError, ensure_task_image
+from agentrl_envs.harbor.task import load_task
+from tests.support.sandboxes import backend_skip_reason
+
+DOCKER_SKIP = backend_skip_reason("docker")
+pytestmark = pytest.mark.skipif(DOCKER_SKIP is not None, reason=DOCKER_SKIP or "")
+
+BASE = "agentrl-base:bookworm-py3-v2"
+TOML = """\
+schema_version = "1.4"
+[task]
+name = "test/{name}"
+[verifier]
+timeout_sec = {verifier_timeout}
+[agent]
+timeout_sec = {agent_timeout}
+[environment]
+memory_mb = 768
+cpus = 0.5
+network_mode = "{network}"
+"""
+# The answer is in tests/expected.txt: a verifier that only compares files, so that copying
+# the expected file would pass if the agent could reach it.
+TEST_SH = """\
+if cmp -s /app/answer.txt /tests/expected.txt; then echo 1 > /logs/verifier/reward.txt
+else echo 0 > /logs/verifier/reward.txt; fi
+"""
+
+
+def write_task(root: Path, name: str, *, dockerfile: str | None = None, test_sh: str = TEST_SH,
+               network_mode: str = "no-network", verifier_timeout: float = 30, agent_timeout: float = 600) -> Path:
+    task = root / name
+    files = {
+        "task.toml": TOML.format(name=name, network=network_mode, verifier_timeout=verifier_timeout,
+                                 agent_timeout=agent_timeout),
+        "instruction.md": "Write the sum of the numbers in /app/numbers.txt to /app/answer.txt.\n",
+        "environment/Dockerfile": dockerfile or f"FROM {BASE}\nWORKDIR /app\nCOPY numbers.txt /app/\n",
+        "environment/numbers.txt": "1\n2\n39\n",
+        "tests/test.sh": test_sh,
+        "tests/expected.txt": "42\n",
+        "solution/solve.sh": "cd /app && awk '{s += $1} END {print s}' numbers.txt > answer.txt\n",
+    }
+    for rel, text in files.items():
+        (task / rel).parent.mkdir(parents=True, exist_ok=True)
+        (task / rel).write_text(text)
+    return task
+
+
+def bash(command: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": command})}}]}
+
+
+SUBMIT = {"role": "assistant", "content": "", "tool_calls": [
+    {"id": "s", "type": "function", "function": {"name": "submit", "arguments": "{}"}}]}
+
+
+def play(env: HarborEnv, actions: list[dict[str, Any]]) -> tuple[float, list[str], dict[str, Any]]:
+    """Plays ``actions`` on the env's only task; returns (reward, tool outputs, last info)."""
+    async def run() -> tuple[float, list[str], dict[str, Any]]:
+        await env.areset(options={"task": env.task_set()[0]})
+        outputs: list[str] = []
+        for action in actions:
+            observation, reward, terminated, truncated, info = await env.astep(action)
+            outputs += [m["content"] for m in observation]
+            if terminated or truncated:
+                return reward, outputs, info
+        raise AssertionError("the episode did not end")
+    return asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("harbor")
+
+
+@pytest.fixture()
+def env_of(tasks: Path) -> Iterator[Any]:
+    made: list[HarborEnv] = []
+
+    def make(name: str, **kwargs: Any) -> HarborEnv:
+        task_kwargs = {k: kwargs.pop(k) for k in ("dockerfile", "test_sh", "network_mode", "verifier_timeout",
+                                                 "agent_timeout") if k in kwargs}
+        path = tasks / name
+        if not path.exists():
+            write_task(tasks, name, **task_kwargs)
+        made.append(HarborEnv(path=path, **kwargs))
+        return made[-1]
+
+    yield make
+    for env in made:
+        env.close()
+
+
+def test_oracle_scores_1_and_the_tests_are_invisible_until_grading(env_of: Any) -> None:
+    env = env_of("sum")
+    probe = bash("ls -A /tests /solution /logs/verifier; cat /app/numbers.txt; touch /app/x; id -u")
+    reward, outputs, _ = play(env, [probe, SUBMIT])
+    assert reward == 0.0
+    assert "expected.txt" not in outputs[0] and "solve.sh" not in outputs[0]  # empty until needed
+    assert "39" in outputs[0] and "65534" in outputs[0]  # the image's /app, as an unprivileged uid
+    assert env.last_grade["rewards"] == {"reward": 0.0} and env.last_grade["exit_code"] == 0
+    task = env.task_set()[0]
+
+    async def oracle() -> float:
+        await env.areset(options={"task": task})
+        while True:
+            _, reward, terminated, truncated, _ = await env.astep(env.oracle_action(task, env.messages))
+            if terminated or truncated:
+                return reward
+    assert asyncio.run(oracle()) == 1.0
+
+
+def test_cheat_writing_the_reward_file_early_scores_0(env_of: Any) -> None:
+    env = env_of("sum")
+    reward, outputs, _ = play(env, [bash("echo 1 > /logs/verifier/reward.txt; echo 1 > /logs/verifier/reward.json"), SUBMIT])
+    assert "Permission denied" in outputs[0]
+    assert reward == 0.0
+
+
+def test_cheat_editing_the_tests_before_grading_scores_0(env_of: Any) -> None:
+    env = env_of("sum")
+    cheat = ("mkdir -p /tests; printf 'echo 1 > /logs/verifier/reward.txt' > /tests/test.sh; "
+             "cp /app/numbers.txt /tests/expected.txt; cp /app/numbers.txt /app/answer.txt")
+    reward, outputs, _ = play(env, [bash(cheat), SUBMIT])
+    assert "Read-only file system" in outputs[0] or "Permission denied" in outputs[0]
+    assert reward == 0.0
+
+
+def test_cheat_a_background_process_during_grading_scores_0(env_of: Any) -> None:
+    env = env_of("sum")
+    # It would copy the expected answer the moment the tests appear, and rewrite the answer file.
+    cheat = ("nohup sh -c 'while :; do cp /tests/expected.txt /app/answer.txt 2>/dev/null; sleep 0.01; done' "
+             ">/dev/null 2>&1 & sleep 0.3; echo running=$(pgrep -c -f 'cp /tests/expected')")
+    reward, outputs, _ = play(env, [bash(cheat), SUBMIT])
+    assert "running=1" in outputs[0]  # it was running when the agent submitted
+    assert reward == 0.0
+
+
+def test_a_missing_from_image_is_named_and_base_image_rebases(env_of: Any) -> None:
+    dockerfile = "FROM python:3.99-agentrl-missing\nWORKDIR /app\nCOPY numbers.txt /app/\n"
+    env = env_of("missing-from", dockerfile=dockerfile)
+    with pytest.raises(HarborImageError) as error:
+        env.reset(options={"task": env.task_set()[0]})
+    message = str(error.value)
+    assert "environment/Dockerfile line 1" in message and "'python:3.99-agentrl-missing'" in message
+    assert "docker load" in message and f"--env-kwarg base_image={BASE}" in message
+    rebased = env_of("missing-from", base_image=BASE)
+    task = rebased.task_set()[0]
+
+    async def oracle() -> float:
+        await rebased.areset(options={"task": task})
+        await rebased.astep(rebased.oracle_action(task, rebased.messages))
+        return (await rebased.astep(rebased.oracle_action(task, rebased.messages)))[1]
+    assert asyncio.run(oracle()) == 1.0
+
+
+def test_images_are_cached_by_the_environment_folder(tasks: Path) -> None:
+    from agentrl.sandbox.docker import get_client
+
+    task = load_task(write_task(tasks, "cache"))
+    client = get_client()
+    first = asyncio.run(ensure_task_image(client, task))
+    again = asyncio.run(ensure_task_image(client, task))
+    assert again.tag == first.tag and again.built is False and first.workdir == "/app"
+    (task.environment_dir / "numbers.txt").write_text("5\n")
+    changed = asyncio.run(ensure_task_image(client, load_task(task.path)))
+    assert changed.tag != first.tag and changed.built is True
+    client.images.remove(changed.tag, force=True)
+
+
+def test_public_network_is_refused_unless_granted(env_of: Any, tasks: Path) -> None:
+    write_task(tasks, "public", network_mode="public")
+    with pytest.raises(HarborTaskError, match="asks for public network .*--env-kwarg network=public"):
+        HarborEnv(path=tasks / "public")
+    granted = env_of("public", network="public")
+    offline = env_of("public", network="offline")
+    from agentrl.sandbox.docker import get_client
+
+    client = get_client()
+    for env, expected in ((granted, "bridge"), (offline, "none")):
+        async def inspect(env: HarborEnv = env) -> dict[str, Any]:
+            await env.areset(options={"task": env.task_set()[0]})
+            return client.api.inspect_container(env.sandbox.container_id)["HostConfig"]
+        host = asyncio.run(inspect())
+        assert host["NetworkMode"] == expected
+        assert host["Memory"] == 768 * 1024 * 1024 and host["NanoCpus"] == 500_000_000  # task.toml
+
+
+def test_a_verifier_without_a_reward_file_fails_the_grade(env_of: Any) -> None:
+    env = env_of("no-reward", test_sh="echo checking; exit 3\n")
+    with pytest.raises(GradingError, match=r"wrote no /logs/verifier/reward.txt or reward.json \(exit code 3\).*checking"):
+        play(env, [SUBMIT])
+    malformed = env_of("bad-reward", test_sh="echo lots > /logs/verifier/reward.txt\n")
+    with pytest.raises(GradingError, match="reward.txt that is not one finite number: 'lots'"):
+        play(malformed, [SUBMIT])
+
+
+def test_verifier_and_agent_timeouts(env_of: Any) -> None:
+    slow = env_of("slow-verifier", test_sh="sleep 30\n", verifier_timeout=1)
+    with pytest.raises(GradingError, match=r"did not finish within 1 s \(task.toml \[verifier\].timeout_sec\)"):
+        play(slow, [SUBMIT])
+    hurried = env_of("agent-timeout", agent_timeout=1)
+    reward, _, info = play(hurried, [bash("sleep 1.5"), SUBMIT])
+    assert info["truncated_by"].startswith("agent timeout (1 s")
+    assert reward == 0.0
+
+
+def test_check_env_passes_on_a_harbor_task(env_of: Any) -> None:
+    from agentrl.env import check_env
+
+    check_env(env_of("sum"), oracle_episodes=1)
+
+
+def test_a_tasks_mcp_servers_run_in_its_container(tasks: Path) -> None:
+    """[[environment.mcp_servers]] of a task: the stdio server runs inside the episode's
+    container; its tools are the episode's tools, and only that task's."""
+    root = tasks / "mcp-folder"
+    with_server = write_task(root, "with-mcp", dockerfile=(
+        f"FROM {BASE}\nWORKDIR /app\nCOPY numbers.txt /app/\nCOPY server.py /opt/mcp/server.py\n"))
+    (with_server / "environment" / "server.py").write_text(
+        (Path(__file__).parents[1] / "support" / "stdlib_mcp_server.py").read_text())
+    with (with_server / "task.toml").open("a") as toml:
+        toml.write('\n[[environment.mcp_servers]]\nname = "files"\ntransport = "stdio"\n'
+                   'command = "python3"\nargs = ["/opt/mcp/server.py"]\n')
+    write_task(root, "without-mcp")
+    env = HarborEnv(path=root)
+
+    def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "m", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}]}
+
+    async def run() -> tuple[list[str], list[str], list[str]]:
+        rows = {row["id"]: row for row in env.task_set()}
+        _, info = await env.areset(options={"task": rows["test/with-mcp"]})
+        tools = [t["function"]["name"] for t in info["tools"]]
+        outputs = []
+        for name, arguments in [("whoami", {}), ("read_text", {"path": "numbers.txt"}), ("read_text", {})]:
+            observation, *_ = await env.astep(call(name, arguments))
+            outputs.append(observation[0]["content"])
+        _, info = await env.areset(options={"task": rows["test/without-mcp"]})
+        return tools, outputs, [t["function"]["name"] for t in info["tools"]]
+
+    try:
+        tools, outputs, other_tools = asyncio.run(run())
+    finally:
+        env.close()
+    assert tools == ["bash", "editor", "search", "submit", "whoami", "read_text"]
+    assert outputs[0] == "uid=65534 host=sandbox cwd=/workspace"  # in the container, unprivileged
+    assert outputs[1] == "1\n2\n39\n"
+    assert outputs[2].startswith("Error (schema_violation)")  # validated before any call
+    assert other_tools == ["bash", "editor", "search", "submit"]

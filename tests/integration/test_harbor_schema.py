@@ -1,0 +1,65 @@
+"""Cross-check against Harbor itself: every shipped task, and a task using every field agentrl
+reads, loads with Harbor's own ``Task`` model (harbor 0.25.0 in the Python 3.12 venv that
+scripts/setup-harbor-check.sh makes), and agentrl's reading of each field agrees with Harbor's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from agentrl_envs.harbor import SHIPPED_TASKS, load_task
+from tests.unit.test_harbor_task import make_task
+
+REPO = Path(__file__).resolve().parents[2]
+HARBOR_PYTHON = REPO / ".venv-harbor" / "bin" / "python"
+SKIP = None if HARBOR_PYTHON.exists() else (
+    "no .venv-harbor (Python 3.12 with harbor): run scripts/setup-harbor-check.sh, which needs a "
+    "Python 3.12 interpreter (python3.12 on PATH or pyenv's 3.12)")
+pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
+
+DUMP = """
+import json, sys
+from harbor.models.task.task import Task
+out = {}
+for path in sys.argv[1:]:
+    task = Task(path)
+    c = task.config
+    e = c.environment
+    out[path] = {
+        "name": task.name, "version": c.task.version if c.task else None,
+        "schema_version": c.schema_version, "instruction": task.instruction.strip(),
+        "agent_timeout_s": c.agent.timeout_sec, "verifier_timeout_s": c.verifier.timeout_sec,
+        "verifier_env": c.verifier.env, "build_timeout_s": e.build_timeout_sec,
+        "docker_image": e.docker_image, "cpus": e.cpus, "memory_mb": e.memory_mb,
+        "storage_mb": e.storage_mb, "network_mode": e.network_mode.value, "workdir": e.workdir,
+        "env": e.env, "solution_env": c.solution.env,
+        "mcp_servers": [[m.name, m.transport, m.url, m.command, m.args] for m in e.mcp_servers],
+    }
+print(json.dumps(out))
+"""
+
+
+def ours(path: Path) -> dict:
+    task = load_task(path)
+    fields = {k: getattr(task, k) for k in (
+        "name", "version", "schema_version", "instruction", "agent_timeout_s", "verifier_timeout_s",
+        "build_timeout_s", "docker_image", "cpus", "memory_mb", "storage_mb", "network_mode", "workdir")}
+    fields.update(verifier_env=dict(task.verifier_env), env=dict(task.env), solution_env=dict(task.solution_env),
+                  mcp_servers=[[m.name, m.transport, m.url, m.command, list(m.args)] for m in task.mcp_servers])
+    return fields
+
+
+def test_harbor_loads_every_task_and_reads_it_as_agentrl_does(tmp_path: Path) -> None:
+    paths = sorted(str(p) for p in SHIPPED_TASKS.iterdir() if (p / "task.toml").is_file())
+    paths.append(str(make_task(tmp_path).resolve()))  # every field agentrl reads
+    done = subprocess.run([str(HARBOR_PYTHON), "-c", DUMP, *paths], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "HARBOR_TELEMETRY": "0"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = json.loads(done.stdout)
+    assert len(theirs) == len(paths) >= 13
+    for path in paths:
+        assert ours(Path(path)) == theirs[path], path
