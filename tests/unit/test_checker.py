@@ -44,6 +44,8 @@ def test_good_env_passes():
 NEEDS_USER_DATA = {
     "swe-bench-v0": "swe-bench-v0 needs the user's instances and their Docker images; "
     "tests/integration/test_swe_tools.py runs check_env on a hand-made instance",
+    "harbor-v0": "harbor-v0 plays each task in a Docker container (not a unit test); "
+    "tests/integration/test_harbor.py runs check_env on a Harbor task",
 }
 
 
