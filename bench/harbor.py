@@ -102,7 +102,7 @@ async def main(rounds: int, n_tasks: int) -> None:
     cold, cached = await builds(tasks)
     print(f"image builds of {len(tasks)} tasks: median {statistics.median(cold):.2f} s cold, "
           f"{statistics.median(cached) * 1e3:.1f} ms cached")
-    rows = [row for row in HarborEnv().task_set()[:n_tasks]]
+    rows = HarborEnv().task_set()[:n_tasks]
     rates: dict[int, list[float]] = {1: [], CONCURRENCY: []}
     phases: dict[str, list[float]] = defaultdict(list)
     for _ in range(rounds):  # alternate, so that machine noise hits both alike

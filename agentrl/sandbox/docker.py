@@ -330,8 +330,7 @@ class DockerSandbox(Sandbox):
             if not key or "=" in key or "\0" in key or "\0" in str(value):
                 raise SandboxError(f"invalid environment variable {key!r}")
             environment.append(f"{key}={value}")
-        async with self._recover_lock:  # wait for a restart in progress
-            pass
+        await self._restart_done()
         note = ""
         orphaned = False
         # RLIMIT_CPU is set per command, not on the container: the long-lived runner would
@@ -493,6 +492,11 @@ class DockerSandbox(Sandbox):
                 await self._restart()
         return _RESTARTED
 
+    async def _restart_done(self) -> None:
+        """Returns once no container restart (or sweep) is in progress."""
+        async with self._recover_lock:
+            return
+
     async def _restart(self) -> None:
         import docker.errors
 
@@ -535,8 +539,7 @@ class DockerSandbox(Sandbox):
 
         async def spawn() -> asyncio.subprocess.Process:
             self._check()
-            async with self._recover_lock:  # wait for a restart in progress
-                pass
+            await self._restart_done()
             return await start_client(self, docker_cli, ["bash", "--noprofile", "--norc"],
                                       cwd=WORKSPACE, env={})
 
@@ -553,8 +556,7 @@ class DockerSandbox(Sandbox):
         if not argv:
             raise SandboxError("spawn needs a command")
         docker_cli = docker_cli_path(shutil.which, "spawn")
-        async with self._recover_lock:
-            pass
+        await self._restart_done()
         process = DockerProcess(await start_client(self, docker_cli, list(argv), cwd=cwd,
                                                    env=dict(env or {})), self._end_client)
         self._processes.append(process)

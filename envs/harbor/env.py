@@ -298,13 +298,8 @@ async def grade(sandbox: Any, task: HarborTask, workdir: str) -> tuple[float, di
         GradingError: The verifier timed out or wrote no valid reward file.
     """
     await sandbox.stop_processes()
-    _fill(sandbox.host_dir(TESTS), task.tests_dir)
     logs = sandbox.host_dir(LOGS)
-    _empty(logs)
-    try:  # the verifier's now: nothing of the agent runs any more
-        os.chown(logs, sandbox.uid, sandbox.uid)
-    except PermissionError:  # not root: the directory is ours, so open it up instead
-        os.chmod(logs, 0o777)
+    await asyncio.to_thread(_hand_over, sandbox, task, logs)
     cwd = workdir if workdir != "/" else WORKSPACE
     result = await sandbox.exec(["bash", f"{TESTS}/test.sh"], timeout=task.verifier_timeout_s,
                                 env=dict(task.verifier_env), cwd=cwd)
@@ -357,6 +352,17 @@ def read_reward(logs: str, where: str, exit_code: int | None, tail: str = "") ->
         return {"reward": value}
     raise GradingError(f"{where} wrote no /logs/verifier/reward.txt or reward.json (exit code "
                        f"{exit_code}); its output ends with: {tail[-500:]}")
+
+
+def _hand_over(sandbox: Any, task: HarborTask, logs: str) -> None:
+    """Copies the tests in and gives the (emptied) log directory to the verifier: nothing of
+    the agent runs any more."""
+    _fill(sandbox.host_dir(TESTS), task.tests_dir)
+    _empty(logs)
+    try:
+        os.chown(logs, sandbox.uid, sandbox.uid)
+    except PermissionError:  # not root: the directory is ours, so open it up instead
+        os.chmod(logs, 0o777)
 
 
 def _fill(host_dir: str, source: Path) -> None:

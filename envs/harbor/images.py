@@ -155,11 +155,8 @@ def _build(client: Any, task: HarborTask, tag: str, base_image: str | None, netw
     with _LOCKS_GUARD:
         lock = _LOCKS.setdefault(tag, threading.Lock())
     with lock:
-        try:
-            client.images.get(tag)
-            return False
-        except docker.errors.ImageNotFound:
-            pass
+        if client.images.list(name=tag):
+            return False  # built before (by this process or an earlier one)
         dockerfile = _dockerfile(client, task, base_image)
         with tempfile.TemporaryDirectory(prefix="agentrl-harbor-build-") as context:
             if task.environment_dir.is_dir():

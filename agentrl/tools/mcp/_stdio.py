@@ -99,11 +99,11 @@ async def watched(streams: tuple[Any, Any], eof: asyncio.Event) -> AsyncIterator
 
     async def pump() -> None:
         try:
-            async with send:
-                async for item in inner_read:
-                    await send.send(item)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
-            pass
+            with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError,
+                                     anyio.EndOfStream):
+                async with send:
+                    async for item in inner_read:
+                        await send.send(item)
         finally:
             eof.set()
 
@@ -129,7 +129,8 @@ async def sandbox_stdio(process: SandboxProcess, tail: Tail) -> AsyncIterator[tu
 
     async def stdout_reader() -> None:
         buffer = b""
-        try:
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError,
+                                 ConnectionError, OSError):
             async with read_send:
                 while chunk := await process.stdout.read(65536):
                     lines = (buffer + chunk).split(b"\n")
@@ -139,8 +140,6 @@ async def sandbox_stdio(process: SandboxProcess, tail: Tail) -> AsyncIterator[tu
                     for line in lines:
                         if line.strip():
                             await read_send.send(_parse(line))
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError, OSError):
-            pass
 
     async def stdin_writer() -> None:
         try:
@@ -154,10 +153,9 @@ async def sandbox_stdio(process: SandboxProcess, tail: Tail) -> AsyncIterator[tu
 
     async def stderr_reader() -> None:
         try:
-            while chunk := await process.stderr.read(65536):
-                tail.feed(chunk)
-        except (ConnectionError, OSError):
-            pass
+            with contextlib.suppress(ConnectionError, OSError):
+                while chunk := await process.stderr.read(65536):
+                    tail.feed(chunk)
         finally:
             tail.closed.set()
 
