@@ -131,7 +131,7 @@ class _State:
 def _copy(sample: Sample) -> Sample:
     return dataclasses.replace(
         sample, tokens=list(sample.tokens), loss_mask=list(sample.loss_mask),
-        rollout_log_probs=list(sample.rollout_log_probs),
+        rollout_log_probs=list(sample.rollout_log_probs), token_versions=list(sample.token_versions),
         turns=[dataclasses.replace(t, tool_names=list(t.tool_names)) for t in sample.turns],
         metadata={})
 

@@ -267,7 +267,8 @@ class EngineServers:
     async def start(self, tokenizer: Any) -> HTTPEngine:
         import ray
 
-        self.urls = ray.get([a.start.remote(self.command(i), self.driver_ip, self.environment(i))
+        # version "0", what the client assumes, so the first outputs report it, not "default"
+        self.urls = ray.get([a.start.remote(self.command(i, version="0"), self.driver_ip, self.environment(i))
                              for i, a in enumerate(self.actors)])
         try:
             engine = await self.engine_class.connect(

@@ -318,6 +318,7 @@ def _adopt(sample: Sample, made: Sample) -> None:
     sample.tokens, sample.response_length = made.tokens, made.response_length
     sample.loss_mask, sample.rollout_log_probs = made.loss_mask, made.rollout_log_probs
     sample.turns, sample.weight_version = made.turns, made.weight_version
+    sample.token_versions = made.token_versions
     for key in ("segments", "segment", "gateway_calls"):
         sample.metadata[key] = made.metadata[key]
 

@@ -137,6 +137,7 @@ def _conversation_within(ctx: RolloutContext, sample: Sample, messages: list[dic
             return demo
         found = len(demo.tokens)
     sample.tokens, sample.response_length, sample.loss_mask, sample.rollout_log_probs = [], 0, [], []
+    sample.token_versions = []
     sample.status, sample.reward = Status.SKIPPED, 0.0
     sample.metadata.update(finish=OVERLONG_FINISH, demonstration="conversation", error=(
         f"the demonstration has at least {found} tokens, more than the context of {limit} "

@@ -345,6 +345,7 @@ class Episode:
             sample.prompt = [dict(m) for m in self.history]
         sample.response_length = 0
         sample.loss_mask, sample.rollout_log_probs, sample.turns = [], [], []
+        sample.token_versions = []
         if renderer is None:
             sample.tokens = []
             return

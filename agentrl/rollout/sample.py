@@ -80,7 +80,11 @@ class Sample:
         status: See :class:`Status`.
         label: Ground truth from the data set (``--label-key``), if any.
         turns: Response spans by turn, in order.
-        weight_version: Version of the policy weights that generated the sample.
+        weight_version: Version of the policy weights that generated the sample's last turn
+            (the newest among its tokens).
+        token_versions: Per response token, the weight version that sampled it (see
+            :func:`parse_version`); ``-1`` for environment tokens and unknown versions. Empty
+            when not recorded (samples made outside the rollout).
         metadata: Anything else (task id, tool error counts, error text of a failed sample).
     """
 
@@ -97,6 +101,7 @@ class Sample:
     label: Any = None
     turns: list[Turn] = dataclasses.field(default_factory=list)
     weight_version: str | None = None
+    token_versions: list[int] = dataclasses.field(default_factory=list)
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -104,9 +109,16 @@ class Sample:
         """Number of prompt tokens at the start of ``tokens``."""
         return len(self.tokens) - self.response_length
 
+    def oldest_version(self, default: int | None = None) -> int | None:
+        """The oldest weight version among the sample's trained (loss mask 1) tokens, or
+        ``default`` when none has a known version. A sample's staleness at trainer version
+        ``t`` is ``t - oldest_version()``."""
+        known = [v for v, m in zip(self.token_versions, self.loss_mask, strict=False) if m and v >= 0]
+        return min(known) if known else default
+
     def check(self) -> None:
         """Raises ``ValueError`` naming the first broken invariant: per-token lists as long as
-        the response, loss-mask values 0/1, turn spans in order, inside the response, covering
+        the response (``token_versions`` may be empty instead), loss-mask values 0/1, turn spans in order, inside the response, covering
         it exactly, with mask 1 only inside assistant turns."""
         n = self.response_length
         if not 0 <= n <= len(self.tokens):
@@ -116,6 +128,9 @@ class Sample:
                 f"loss_mask ({len(self.loss_mask)}) and rollout_log_probs "
                 f"({len(self.rollout_log_probs)}) must have response_length ({n}) entries"
             )
+        if self.token_versions and len(self.token_versions) != n:
+            raise ValueError(f"token_versions ({len(self.token_versions)}) must be empty or have "
+                             f"response_length ({n}) entries")
         if any(m not in (0, 1) for m in self.loss_mask):
             raise ValueError("loss_mask entries must be 0 or 1")
         position = 0
@@ -156,3 +171,16 @@ class Sample:
     def from_json(cls, text: str) -> Sample:
         """The inverse of :meth:`to_json`."""
         return cls.from_dict(json.loads(text))
+
+
+def parse_version(version: str | None) -> int:
+    """A weight version as the integer :attr:`Sample.token_versions` holds: the trainer's
+    versions are ``"0"``, ``"1"``, ... (weights after that many train iterations); anything
+    else (``None``, SGLang's ``"default"``, a user's label) is unknown, ``-1``."""
+    if version is None:
+        return -1
+    try:
+        value = int(version)
+    except ValueError:
+        return -1
+    return value if value >= 0 else -1

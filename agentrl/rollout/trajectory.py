@@ -16,9 +16,9 @@ from typing import Any
 
 from agentrl.chat import ChatRenderer
 from agentrl.rollout.engine.base import Engine, GenerateOutput, SamplingParams
-from agentrl.rollout.sample import Sample, Turn
+from agentrl.rollout.sample import Sample, Turn, parse_version
 
-__all__ = ["CUT_MARKER", "Trajectory", "fit_env_messages", "request_seed"]
+__all__ = ["CUT_MARKER", "Trajectory", "fit_env_messages", "request_seed", "token_versions_of"]
 
 CUT_MARKER = "\n[... {removed} characters of output cut to fit the context window]"
 """Appended to a tool result that was shortened to fit ``--rollout-max-context-len``."""
@@ -55,7 +55,8 @@ class Trajectory:
         ``max_new_tokens`` shrinks to the remaining budget. With ``seed`` (the run's
         ``--rollout-seed``) and no seed in ``sampling``, the request's sampling seed is derived
         from ``(seed, rid)``: the same request draws the same tokens in a resumed run, whatever
-        else the engine is serving. Returns ``None`` when no budget is left.
+        else the engine is serving. Each token's weight version is recorded
+        (:func:`token_versions_of`). Returns ``None`` when no budget is left.
         """
         budget = self.budget
         if budget <= 0:
@@ -64,18 +65,30 @@ class Trajectory:
         if seed is not None and params.sampling_seed is None:
             params = params.replace(sampling_seed=request_seed(seed, rid))
         started = time.perf_counter()
+        submitted = engine.weight_version
         out = await engine.generate(list(self.sample.tokens), params, rid=rid)
+        versions, exact = token_versions_of(out, submitted)
+        if not exact:
+            self.sample.metadata["versions_inexact"] = True
         self.append_assistant(out.output_ids, out.output_logprobs, finish_reason=out.finish_reason,
                               generate_s=time.perf_counter() - started,
-                              weight_version=out.weight_version)
+                              weight_version=out.weight_version, token_versions=versions)
         return out
 
     def append_assistant(
         self, ids: Sequence[int], logprobs: Sequence[float], *, finish_reason: str = "stop",
         generate_s: float = 0.0, weight_version: str | None = None,
+        token_versions: Sequence[int] | None = None,
     ) -> None:
-        """Appends an assistant turn (loss mask 1): the engine's ids, or a demonstration's."""
-        self._append(ids, logprobs, mask=1)
+        """Appends an assistant turn (loss mask 1): the engine's ids, or a demonstration's.
+
+        ``token_versions`` (one per id) default to ``weight_version`` for every id.
+        """
+        if token_versions is None:
+            token_versions = [parse_version(weight_version)] * len(ids)
+        elif len(token_versions) != len(ids):
+            raise ValueError(f"{len(token_versions)} token versions for {len(ids)} ids")
+        self._append(ids, logprobs, mask=1, versions=token_versions)
         turns = self.sample.turns
         span_start = self.sample.response_length - len(ids)
         if turns and turns[-1].role == "assistant" and turns[-1].finish_reason == "abort":
@@ -148,8 +161,12 @@ class Trajectory:
         self.sample.turns.append(Turn("environment", start, self.sample.response_length,
                                       tool_names=list(tool_names)))
 
-    def _append(self, ids: Sequence[int], logprobs: Sequence[float] | None, mask: int) -> None:
+    def _append(self, ids: Sequence[int], logprobs: Sequence[float] | None, mask: int,
+                versions: Sequence[int] | None = None) -> None:
         s = self.sample
+        if len(s.token_versions) != s.response_length:  # a sample from before versions were kept
+            s.token_versions[:] = [-1] * s.response_length
+        s.token_versions.extend(versions if versions is not None else [-1] * len(ids))
         s.tokens.extend(int(i) for i in ids)
         s.response_length += len(ids)
         s.loss_mask.extend([mask] * len(ids))
@@ -196,6 +213,19 @@ def fit_env_messages(
         else:
             high = middle
     return best
+
+
+def token_versions_of(out: GenerateOutput, submitted: str) -> tuple[list[int], bool]:
+    """Each sampled token's weight version, and whether it is exact.
+
+    An engine that reports per-token versions (embedded, vLLM) is exact. Otherwise every token
+    gets the version served when the request was ``submitted``; that is exact when the output
+    reports the same version, and otherwise (an update landed mid-request, so some tokens are
+    newer) errs towards older tokens, so staleness is never under-counted.
+    """
+    if out.token_versions is not None and len(out.token_versions) == len(out.output_ids):
+        return [parse_version(v) for v in out.token_versions], True
+    return [parse_version(submitted)] * len(out.output_ids), out.weight_version == submitted
 
 
 def request_seed(seed: int, rid: str) -> int:

@@ -404,6 +404,28 @@ def test_update_weights_from_state_dict_and_directory(
     assert seen == [("0", original), ("1", updated), ("2", original), ("3", updated)]
 
 
+def test_a_request_spanning_a_weight_update_reports_each_tokens_version(
+    model_dir: Path, other_dir: Path
+) -> None:
+    other = Qwen2ForCausalLM.from_pretrained(other_dir).eval().state_dict()
+    sampling = GREEDY.replace(max_new_tokens=48, ignore_eos=True)
+
+    async def body(engine: EmbeddedEngine) -> tuple[GenerateOutput, int]:
+        task = asyncio.create_task(engine.generate(_prompt(6), sampling))
+        await _wait_for(lambda: engine.stats()["tokens_generated"] >= 8)
+        await engine.update_weights(state_dict=other, version="1")
+        before = engine.stats()["tokens_generated"]
+        return await task, before
+
+    out, sampled_before = run(model_dir, body)
+    versions = out.token_versions
+    assert versions is not None and len(versions) == len(out.output_ids) == 48
+    old = versions.count("0")
+    assert versions == ["0"] * old + ["1"] * (48 - old)  # the older version first, then the newer
+    assert 8 <= old <= sampled_before < 48  # the update landed between two decode steps
+    assert out.weight_version == "1"
+
+
 def test_bad_weights_change_nothing(model_dir: Path, other_dir: Path) -> None:
     other = dict(Qwen2ForCausalLM.from_pretrained(other_dir).state_dict())
     other["model.layers.0.mlp.up_proj.weight"] = torch.zeros(3, 3)

@@ -201,6 +201,37 @@ def test_aborted_episode_resumes_where_it_stopped():
     assert sample.turns[0].role == "assistant" and sample.turns[0].finish_reason == "stop"
 
 
+def test_each_token_records_the_weight_version_that_sampled_it():
+    engine = ScriptedEngine(tiny_tokenizer(), calc_policy)
+    engine.version = "4"
+    sample = play(make_ctx(engine=engine), Sample(group_id=0, metadata={"task": TASK}))
+    sample.check()
+    assert len(sample.token_versions) == sample.response_length
+    for turn in sample.turns:
+        expected = 4 if turn.role == "assistant" else -1
+        assert sample.token_versions[turn.start : turn.end] == [expected] * (turn.end - turn.start)
+    assert sample.oldest_version() == 4 and "versions_inexact" not in sample.metadata
+
+
+def test_an_engine_without_per_token_versions_is_labelled_with_the_version_at_submission():
+    async def scenario():
+        # the second turn's request is in flight when the weights change: the engine (like
+        # SGLang) reports only the newer version, so its tokens get the one at submission
+        engine = ScriptedEngine(tiny_tokenizer(), calc_policy,
+                                delay_s=lambda rid: 0.3 if rid.endswith("-t1") else 0.0)
+        task = asyncio.create_task(Episode(make_ctx(engine=engine), Sample(group_id=0, metadata={"task": TASK}), "ep0").run())
+        while not any(rid.endswith("-t1") for rid, _ in engine.requests):
+            await asyncio.sleep(0.01)
+        await engine.update_weights(version="1")
+        return await task
+
+    sample = asyncio.run(scenario())
+    first, _, second = sample.turns
+    assert sample.weight_version == "1" and sample.metadata["versions_inexact"] is True
+    assert set(sample.token_versions[first.start : first.end]) == {0}
+    assert set(sample.token_versions[second.start : second.end]) == {0}  # never under-counted
+
+
 def test_stop_string_turn_gets_end_of_turn_as_env_token():
     def policy(text, rid):
         return calc_policy(text, rid)

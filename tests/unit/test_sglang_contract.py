@@ -4,6 +4,7 @@ it needs only msgspec)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -82,6 +83,14 @@ def test_the_compat_server_answers_in_the_contract_and_reads_our_requests(api):
     answer = api.GenerateResponse.from_json_value(output_to_sglang(out, "r-t0", "ab", True))
     assert [e.token_id for e in answer.meta_info.output_token_logprobs] == [5, 6]
     assert answer.meta_info.finish_reason.matched == 6
+    # our extension, each token's weight version as spans, reads back; SGLang's own answers
+    # (no spans) give None, and the rollout labels their tokens conservatively
+    spanning = dataclasses.replace(out, token_versions=["2", "3"])
+    wire = output_to_sglang(spanning, "r-t0", "ab", True)
+    assert wire["meta_info"]["weight_versions"] == [{"version": "2", "start": 0, "end": 1},
+                                                    {"version": "3", "start": 1, "end": 2}]
+    assert GenerateOutput.from_sglang(wire).token_versions == ["2", "3"]
+    assert GenerateOutput.from_sglang(output_to_sglang(out, "r-t0", "ab", True)).token_versions is None
     body = generate_request([1, 2], FULL, rid="a-t0")
     assert sampling_from_sglang(body["sampling_params"]) == FULL
 

@@ -59,12 +59,14 @@ def test_vllms_answers_read_back_as_the_contract_says(protocol):
     assert (out.output_ids, out.output_logprobs) == ([9, 8, 7], [-0.5, -1.0, -1.5])
     assert out.finish_reason == "stop" and out.matched == "</tool_call>"
     assert out.weight_version == "4"  # a request spanning an update reports the newer version
+    assert out.token_versions == ["3", "4", "4"]  # and each token's, from the spans
     assert (out.prompt_tokens, out.cached_tokens) == (300, 256)
 
     eos = read_generate_response({"choices": [{"finish_reason": "stop", "token_ids": [1, 2],
                                                "logprobs": {"content": [{"token_id": 1, "logprob": -1.0},
                                                                         {"token_id": 2, "logprob": -2.0}]}}]}, 4, "7")
     assert eos.matched == 2 and eos.weight_version == "7"  # no spans: the client's version
+    assert eos.token_versions is None
     aborted = read_generate_response({"choices": [{"finish_reason": "abort", "token_ids": [],
                                                    "logprobs": None}]}, 4, "7")
     assert aborted.finish_reason == "abort" and aborted.output_ids == []

@@ -15,7 +15,8 @@ import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic, Literal, TypeVar
 
-__all__ = ["Engine", "EpisodeAffinity", "FinishReason", "GenerateOutput", "SamplingParams", "episode_key"]
+__all__ = ["Engine", "EpisodeAffinity", "FinishReason", "GenerateOutput", "SamplingParams", "episode_key",
+           "spans_from_versions", "versions_from_spans"]
 
 Worker = TypeVar("Worker")
 
@@ -105,7 +106,11 @@ class GenerateOutput:
             (temperature 1 when greedy), the quantity the trainer recomputes.
         finish_reason: See :data:`FinishReason`.
         matched: The stop token id or stop string that ended generation, if any.
-        weight_version: Version of the weights that produced every token of this output.
+        weight_version: Version of the weights served when the output finished: the newest
+            version among its tokens.
+        token_versions: One weight version per ``output_ids`` entry, in order, when the engine
+            knows each token's: a request spanning an in-flight update has the older version on
+            its first tokens. ``None``: the engine reports only ``weight_version``.
         prompt_tokens: Length of ``input_ids``.
         cached_tokens: Prompt tokens served from a prefix cache (0 when there is none).
         latency_s: Seconds from submission to completion.
@@ -121,10 +126,13 @@ class GenerateOutput:
     cached_tokens: int = 0
     latency_s: float = 0.0
     message: str | None = None
+    token_versions: list[str] | None = None
 
     @classmethod
     def from_sglang(cls, response: Mapping[str, Any]) -> GenerateOutput:
-        """Reads an SGLang ``/generate`` response (one item, not a batch)."""
+        """Reads an SGLang ``/generate`` response (one item, not a batch). SGLang reports one
+        ``weight_version``; ``meta_info["weight_versions"]`` (agentrl's compatible server, the
+        spans of :func:`versions_from_spans`) gives each token's."""
         meta = response["meta_info"]
         reason = meta.get("finish_reason") or {"type": "abort", "message": "no finish_reason"}
         pairs = meta.get("output_token_logprobs") or []
@@ -139,7 +147,38 @@ class GenerateOutput:
             prompt_tokens=int(meta.get("prompt_tokens", 0)),
             cached_tokens=int(meta.get("cached_tokens", 0)),
             latency_s=float(meta.get("e2e_latency", 0.0)),
+            token_versions=versions_from_spans(meta.get("weight_versions"), len(ids)),
         )
+
+
+def versions_from_spans(spans: Sequence[Mapping[str, Any]] | None, length: int) -> list[str] | None:
+    """Per-token versions from weight-version spans ``[{"version", "start", "end"}, ...]``
+    (token index ``start`` included, ``end`` excluded), the form vLLM answers with.
+
+    Returns:
+        ``length`` versions, or ``None`` when there are no spans or they do not cover exactly
+        ``0..length`` in order (the output then reports only its newest version).
+    """
+    if not spans:
+        return None
+    versions: list[str] = []
+    for span in spans:
+        start, end = int(span["start"]), int(span["end"])
+        if start != len(versions) or end < start:
+            return None
+        versions.extend([str(span["version"])] * (end - start))
+    return versions if len(versions) == length else None
+
+
+def spans_from_versions(versions: Sequence[str]) -> list[dict[str, Any]]:
+    """The inverse of :func:`versions_from_spans`: runs of equal versions as spans."""
+    spans: list[dict[str, Any]] = []
+    for i, version in enumerate(versions):
+        if spans and spans[-1]["version"] == version:
+            spans[-1]["end"] = i + 1
+        else:
+            spans.append({"version": version, "start": i, "end": i + 1})
+    return spans
 
 
 def episode_key(rid: str | None) -> str | None:
@@ -240,8 +279,11 @@ class Engine(abc.ABC):
         Exactly one of ``state_dict`` (Hugging Face parameter names -> tensors) and ``path`` (a
         Hugging Face model directory) is given. Requests in flight continue with the new weights
         from their next token on unless the engine was paused first (the rollout pauses, updates,
-        resumes, as with SGLang). Every output reports the version of its weights; a request
-        spanning an update reports the newer one.
+        resumes, as with SGLang). A request spanning an update reports the newer version as
+        ``weight_version`` and, where the engine knows them, each token's in ``token_versions``
+        (the tokens after the update were sampled by the new weights over a prefix whose cache
+        the old ones computed; the rollout log-probs are what was sampled, so importance
+        weights account for it).
 
         Raises:
             EngineError: A name or shape does not match the served model (nothing is changed).

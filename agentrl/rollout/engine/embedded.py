@@ -66,6 +66,7 @@ class _Request:
     temperature: float
     output_ids: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[str] = dataclasses.field(default_factory=list)  # per output id
     slot: int = -1
     cached: int = 0
     done: bool = False
@@ -496,6 +497,7 @@ class EmbeddedEngine(Engine):
         for request, token, logprob in zip(batch, tokens, logprobs, strict=True):
             request.output_ids.append(token)
             request.logprobs.append(logprob)
+            request.versions.append(self._version)
             reason, matched = self._stop_reason(request, token)
             if reason is not None:
                 self._finish(request, reason, matched)
@@ -536,6 +538,7 @@ class EmbeddedEngine(Engine):
             finish_reason=reason, weight_version=self._version,
             prompt_tokens=len(request.input_ids), matched=matched,
             latency_s=time.perf_counter() - request.submitted, message=message,
+            token_versions=list(request.versions),
         )
         _post(request.loop, request.future, output)
 

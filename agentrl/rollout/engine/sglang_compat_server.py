@@ -32,7 +32,7 @@ from typing import Any
 from aiohttp import web
 
 from agentrl.errors import EngineError
-from agentrl.rollout.engine.base import GenerateOutput, SamplingParams
+from agentrl.rollout.engine.base import GenerateOutput, SamplingParams, spans_from_versions
 from agentrl.rollout.engine.embedded import EmbeddedEngine
 from agentrl.rollout.engine.weight_group import WeightGroup
 
@@ -105,6 +105,8 @@ def output_to_sglang(out: GenerateOutput, rid: str, text: str, return_logprob: b
         "completion_tokens": len(out.output_ids), "cached_tokens": out.cached_tokens,
         "weight_version": out.weight_version, "e2e_latency": out.latency_s,
     }
+    if out.token_versions is not None:  # agentrl's extension: each token's version, as spans
+        meta["weight_versions"] = spans_from_versions(out.token_versions)
     if return_logprob:
         meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in
                                          zip(out.output_logprobs, out.output_ids, strict=True)]

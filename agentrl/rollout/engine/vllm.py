@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agentrl.errors import EngineError
-from agentrl.rollout.engine.base import GenerateOutput, SamplingParams
+from agentrl.rollout.engine.base import GenerateOutput, SamplingParams, versions_from_spans
 from agentrl.rollout.engine.http import HTTPEngine
 
 __all__ = ["VLLMEngine", "generate_request", "logprobs_mode_for", "read_generate_response",
@@ -196,6 +196,7 @@ def read_generate_response(answer: Mapping[str, Any], prompt_tokens: int, versio
         prompt_tokens=int(usage.get("prompt_tokens") or prompt_tokens),
         cached_tokens=int(details.get("cached_tokens") or 0),
         message="aborted" if reason == "abort" else None,
+        token_versions=versions_from_spans(spans, len(ids)),
     )
 
 
