@@ -28,6 +28,9 @@ Losses
     * :func:`policy_loss`: ``rho = exp(logp - old_logp)`` (GSPO: ``exp`` of the per-sample masked
       mean, shared by its tokens); ``pg = max(-rho A, -clip(rho, 1 - eps, 1 + eps_high) A)``;
       dual clip for ``A < 0``: ``min(pg, -c A)``; TIS: ``pg * clamp(exp(old - rollout), lo, hi)``.
+    * :func:`mis_weights`: ``exp(old - rollout)`` where it lies in ``[lo, hi]``, else 0; the
+      trainer also drops those tokens from the denominator (:func:`ratio_within_bounds`).
+      :func:`importance_ratio_stats`: sums and extremes of that ratio, for the metrics.
     * :func:`value_loss`: ``0.5 * max((clip(V, V_old +- c) - R)^2, (V - R)^2)``.
     * :func:`total_loss`: ``pg - entropy_coef * H + kl_loss_coef * KL``.
     * :func:`aggregate`: ``token_mean`` (default), ``seq_mean_token_mean``,
@@ -53,7 +56,8 @@ _LAZY = {
     **dict.fromkeys(("aggregate", "masked_mean", "masked_whiten", "pad_samples", "response_mask"),
                     "agentrl.algorithms.batching"),
     "kl_estimate": "agentrl.algorithms.kl",
-    **dict.fromkeys(("entropy_bonus", "entropy_from_logits", "policy_loss", "tis_weights",
+    **dict.fromkeys(("entropy_bonus", "entropy_from_logits", "importance_ratio_stats",
+                     "mis_weights", "policy_loss", "ratio_within_bounds", "tis_weights",
                      "total_loss", "value_loss"), "agentrl.algorithms.losses"),
 }
 

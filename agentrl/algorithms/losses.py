@@ -9,6 +9,8 @@ same way, so the trainer can all-reduce them before logging.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from agentrl.algorithms.batching import aggregate, masked_mean, masked_whiten
@@ -21,9 +23,12 @@ __all__ = [
     "default_aggregation",
     "entropy_bonus",
     "entropy_from_logits",
+    "importance_ratio_stats",
     "masked_mean",
     "masked_whiten",
+    "mis_weights",
     "policy_loss",
+    "ratio_within_bounds",
     "tis_weights",
     "total_loss",
     "value_loss",
@@ -61,7 +66,7 @@ def policy_loss(
     ``rho = exp(logp - old_logp)``;
     ``pg = max(-rho * A, -clip(rho, 1 - eps_clip, 1 + eps_clip_high) * A)``;
     dual clip (Ye et al., 2020, arXiv:1912.09729) for ``A < 0``: ``pg = min(pg, -c * A)``;
-    TIS: ``pg *= w`` (weights detached). ``ratio="sequence"`` (GSPO, Zheng et al., 2025):
+    TIS or MIS: ``pg *= w`` (weights detached). ``ratio="sequence"`` (GSPO, Zheng et al., 2025):
     ``rho_i = exp(mean_t m_it (logp_it - old_logp_it) / sum_t m_it)`` for every token of sample
     ``i``; the gradient flows through that mean, so d rho_i / d logp_it = rho_i / n_i.
 
@@ -74,7 +79,7 @@ def policy_loss(
         eps_clip_high: Upper clip ``--eps-clip-high``; ``None`` means ``eps_clip``.
         eps_clip_c: Dual-clip constant ``--eps-clip-c`` (> 1); ``None`` disables it.
         ratio: ``token`` (PPO/GRPO) or ``sequence`` (GSPO).
-        tis_weights: ``[B, T]`` truncated importance weights (see :func:`tis_weights`).
+        tis_weights: ``[B, T]`` importance weights (:func:`tis_weights` or :func:`mis_weights`).
         aggregation: See :func:`~agentrl.algorithms.batching.aggregate`; ``None``:
             :func:`default_aggregation` of ``ratio``.
         denominator: Global count for gradient accumulation (see ``aggregate``); with
@@ -173,6 +178,123 @@ def tis_weights(
     with torch.no_grad():
         weights = torch.exp(old_logp - rollout_logp).clamp(low, high)  # [B, T]
         return torch.where(mask > 0, weights, torch.zeros_like(weights))
+
+
+def ratio_within_bounds(
+    old_logp: torch.Tensor,
+    rollout_logp: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    low: float = 0.0,
+    high: float = 2.0,
+) -> torch.Tensor:
+    """Which tokens masked importance sampling keeps: ``low <= exp(old_logp - rollout_logp) <=
+    high``, on mask-1 tokens only.
+
+    The trainer multiplies ``mask`` by it for the loss AND its denominator, so a dropped token
+    counts in neither (:func:`mis_weights` gives the weights of the kept ones).
+
+    Args:
+        old_logp: ``[B, T]`` log-probs of the sampling policy recomputed by the trainer.
+        rollout_logp: ``[B, T]`` log-probs the engine reported (``Sample.rollout_log_probs``).
+        mask: ``[B, T]`` 0/1.
+        low: Lower bound (``--tis-clip-low``).
+        high: Upper bound (``--tis-clip``).
+
+    Returns:
+        ``[B, T]`` detached, ``mask``'s dtype: 1 where kept, 0 where dropped or mask 0.
+
+    Raises:
+        ValueError: ``not 0 <= low <= high`` or shapes differ.
+    """
+    _check_shapes(mask, old_logp=old_logp, rollout_logp=rollout_logp)
+    if not 0.0 <= low <= high:
+        raise ValueError(f"need 0 <= --tis-clip-low ({low}) <= --tis-clip ({high})")
+    with torch.no_grad():
+        rho = torch.exp(old_logp - rollout_logp)  # [B, T]
+        return ((mask > 0) & (rho >= low) & (rho <= high)).to(mask.dtype)  # [B, T]
+
+
+def mis_weights(
+    old_logp: torch.Tensor,
+    rollout_logp: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    low: float = 0.0,
+    high: float = 2.0,
+) -> torch.Tensor:
+    """Masked importance sampling weights for the train/inference mismatch.
+
+    ``rho_t = exp(old_logp_t - rollout_logp_t)``; ``w_t = rho_t`` when ``low <= rho_t <= high``,
+    else 0. Where truncated importance sampling (:func:`tis_weights`; Yao et al., "Your efficient
+    RL framework secretly brings you off-policy RL training", 2025) caps an extreme ratio and
+    keeps its token, masked importance sampling drops the token (Liu et al., "When speed kills
+    stability: demystifying RL collapse from the training-inference mismatch", 2025): a token
+    the trainer and the engine disagree on that much is treated as too far off-policy to
+    correct. The caller drops those tokens from the aggregate's denominator too, by training on
+    ``mask * ratio_within_bounds(...)``; a zero weight alone would still count them there and
+    shrink every kept token's gradient.
+
+    Args:
+        old_logp: ``[B, T]`` log-probs of the sampling policy recomputed by the trainer.
+        rollout_logp: ``[B, T]`` log-probs the engine reported (``Sample.rollout_log_probs``).
+        mask: ``[B, T]`` 0/1.
+        low: Lower bound (``--tis-clip-low``).
+        high: Upper bound (``--tis-clip``).
+
+    Returns:
+        ``[B, T]`` detached weights, 0 on dropped and mask-0 tokens.
+
+    Raises:
+        ValueError: ``not 0 <= low <= high`` or shapes differ.
+    """
+    keep = ratio_within_bounds(old_logp, rollout_logp, mask, low=low, high=high)  # [B, T]
+    with torch.no_grad():
+        return torch.exp(old_logp - rollout_logp) * keep  # [B, T]
+
+
+def importance_ratio_stats(
+    old_logp: torch.Tensor,
+    rollout_logp: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    low: float,
+    high: float,
+) -> Metrics:
+    """Sums and extremes of ``rho_t = exp(old_logp_t - rollout_logp_t)`` over mask-1 tokens, to
+    reduce across data-parallel replicas (sums add, extremes take the max / min) and then divide.
+
+    Args:
+        old_logp: ``[B, T]`` log-probs of the sampling policy recomputed by the trainer.
+        rollout_logp: ``[B, T]`` log-probs the engine reported.
+        mask: ``[B, T]`` 0/1.
+        low: Lower bound (``--tis-clip-low``).
+        high: Upper bound (``--tis-clip``).
+
+    Returns:
+        Detached 0-d float64 tensors: ``ratio_sum`` (sum of ``rho``), ``tokens`` (mask-1 count),
+        ``ratio_min`` / ``ratio_max`` (``+inf`` / ``-inf`` when the mask is all 0, so a min or
+        max over replicas ignores them), ``outside`` (tokens with ``rho`` outside
+        ``[low, high]``: clipped by TIS, dropped by MIS), ``drift_sum`` (sum of
+        ``|old_logp - rollout_logp|``).
+
+    Raises:
+        ValueError: ``not 0 <= low <= high`` or shapes differ.
+    """
+    keep = ratio_within_bounds(old_logp, rollout_logp, mask, low=low, high=high)  # [B, T]
+    with torch.no_grad():
+        live = mask > 0  # [B, T]
+        log_ratio = torch.where(live, old_logp - rollout_logp, 0.0).double()  # [B, T]
+        rho = torch.exp(log_ratio)  # [B, T]
+        inf = torch.tensor(math.inf, dtype=torch.float64, device=rho.device)
+        return {
+            "ratio_sum": torch.where(live, rho, 0.0).sum(),
+            "tokens": live.sum().double(),
+            "ratio_min": torch.where(live, rho, inf).amin() if rho.numel() else inf,
+            "ratio_max": torch.where(live, rho, -inf).amax() if rho.numel() else -inf,
+            "outside": (live & (keep == 0)).sum().double(),
+            "drift_sum": log_ratio.abs().sum(),
+        }
 
 
 def value_loss(

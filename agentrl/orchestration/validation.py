@@ -17,7 +17,7 @@ from agentrl.config import flag
 from agentrl.errors import ConfigError, PluginError
 from agentrl.models.hf_config import EMBEDDED_MODEL_TYPES, check_safetensors_headers, read_config
 from agentrl.orchestration.checkpoints import latest_checkpoint
-from agentrl.trainer.config import batch_shape
+from agentrl.trainer.config import batch_shape, resolve_off_policy_correction
 from agentrl.trainer.hf_spec import ARCHITECTURES, read_hf_config
 from agentrl.trainer.model_flags import check_model_flags
 
@@ -40,8 +40,9 @@ def validate_together(args: Args) -> Args:
 
     Returns:
         ``args`` with the trainer's ``--global-batch-size`` and ``--num-steps-per-rollout``
-        solved from ``--rollout-batch-size x --n-samples-per-prompt``: a new ``Args`` holding a
-        new ``TrainerConfig`` (configs are frozen; nothing is written).
+        solved from ``--rollout-batch-size x --n-samples-per-prompt``, and its
+        ``--off-policy-correction auto`` solved from how stale a rollout can be: a new ``Args``
+        holding a new ``TrainerConfig`` (configs are frozen; nothing is written).
 
     Raises:
         ConfigError: Naming the flags and what to change.
@@ -51,7 +52,9 @@ def validate_together(args: Args) -> Args:
     _check_algorithm(args)
     _check_output_dir(args)
     _check_eval(args)
-    rollout, trainer = args.rollout, args.trainer
+    rollout = args.rollout
+    trainer = resolve_off_policy_correction(
+        args.trainer, staleness_can_be_positive=_staleness_can_be_positive(args))
     if rollout.has_agent and rollout.gateway_segments == "all":
         # every segment of an episode is a sample: a rollout's sample count varies, so each of
         # the --num-steps-per-rollout steps takes an equal share of whatever it produced
@@ -63,6 +66,12 @@ def validate_together(args: Args) -> Args:
         return dataclasses.replace(args, trainer=dataclasses.replace(trainer, num_steps_per_rollout=steps))
     shape = batch_shape(trainer, rollout.rollout_batch_size * rollout.n_samples_per_prompt)
     return dataclasses.replace(args, trainer=dataclasses.replace(trainer, **shape._asdict()))
+
+
+def _staleness_can_be_positive(args: Args) -> bool:
+    """Whether a rollout can be sampled by weights older than the trainer's: the engines get
+    new weights only every ``--update-weights-interval`` rollouts."""
+    return args.run.update_weights_interval > 1
 
 
 def check_files(args: Args) -> None:

@@ -30,6 +30,8 @@ from agentrl.algorithms import (
     aggregate,
     compute_advantages,
     kl_estimate,
+    mis_weights,
+    ratio_within_bounds,
     tis_weights,
     total_loss,
     value_loss,
@@ -37,7 +39,7 @@ from agentrl.algorithms import (
 from agentrl.errors import ConfigError
 from agentrl.rollout.sample import Sample
 from agentrl.trainer.batch import TrainBatch, build_batch, micro_batches
-from agentrl.trainer.config import TrainerConfig
+from agentrl.trainer.config import TrainerConfig, resolve_off_policy_correction
 from agentrl.trainer.critic import ValueModel
 from agentrl.trainer.distributed import init_model_parallel
 from agentrl.trainer.hf_convert import (
@@ -49,6 +51,7 @@ from agentrl.trainer.hf_convert import (
     save_hf_checkpoint,
 )
 from agentrl.trainer.model_flags import check_model_flags
+from agentrl.trainer.replica_metrics import importance_ratio_metrics, sum_over_data_parallel
 from agentrl.trainer.schedule import decay_steps, global_rank, load_schedule
 from agentrl.trainer.vocab_parallel import (
     vocab_parallel_logprobs,
@@ -65,7 +68,10 @@ class MegatronActor:
     """The policy (and, with a KL term, a frozen reference copy) on this rank.
 
     Args:
-        config: Trainer flags (validated here).
+        config: Trainer flags (validated here). ``--off-policy-correction auto`` is solved by
+            :func:`~agentrl.orchestration.validation.validate_together` from the run's flags;
+            a config built without them keeps ``auto`` and gets what it means for fresh samples
+            (none; tis with ``--use-tis``).
         hf_checkpoint: Hugging Face directory of the initial weights; ``None`` builds a
             random-init model from the model flags (``model_overrides`` must then give
             ``vocab_size``).
@@ -95,7 +101,9 @@ class MegatronActor:
         if config.sequence_parallel and not cuda:
             raise ConfigError("--sequence-parallel needs CUDA GPUs (with Transformer Engine); "
                               "drop it on this machine")
-        self.config = config
+        # train.py's config comes solved; one built directly (tests, benchmarks) is solved the same
+        # way, for an actor handed each rollout right after its weights sampled it
+        self.config = config = resolve_off_policy_correction(config, staleness_can_be_positive=False)
         self.temperature = max(float(rollout_temperature), 1e-6)
         self.pad_id = pad_id
         self.total_steps = total_steps
@@ -239,7 +247,12 @@ class MegatronActor:
         Returns:
             Metrics averaged over the steps: ``loss``, ``pg_loss``, ``kl_loss``, ``entropy``,
             ``clip_fraction``, ``ppo_kl``, ``grad_norm``, ``lr``, ``advantage_abs_mean``,
-            ``train_tokens_per_s``, ``logprob_abs_diff`` (trainer vs rollout log-probs).
+            ``train_tokens_per_s``, ``logprob_abs_diff`` (trainer vs rollout log-probs). With an
+            ``--off-policy-correction`` (not none), over the trained tokens at the pre-step
+            policy: ``is_ratio_mean`` / ``is_ratio_min`` / ``is_ratio_max`` of
+            ``exp(old - rollout)``, the share outside ``[--tis-clip-low, --tis-clip]``
+            (``is_clipped_fraction`` for tis, ``is_masked_fraction`` for mis) and
+            ``logprob_drift`` (mean ``|old - rollout|``).
         """
         c = self.config
         batch = self._as_batch(samples)
@@ -264,7 +277,15 @@ class MegatronActor:
             elapsed = time.perf_counter() - started
             metrics["train_tokens_per_s"] = float(batch.lengths.sum()) * steps / max(elapsed, 1e-9)
             return metrics
-        old = self.logprobs(batch) if steps > 1 or c.use_tis or c.kl_coef else None
+        correction = c.off_policy_correction
+        old = self.logprobs(batch) if steps > 1 or correction != "none" or c.kl_coef else None
+        keep, off_policy = None, {}
+        if correction != "none":
+            assert old is not None
+            off_policy = self._importance_ratio_metrics(batch, step_rows, old)
+            if correction == "mis":  # from the pre-step policy, as the ratio is
+                keep = ratio_within_bounds(old, batch.rollout_logprobs, batch.mask,
+                                           low=c.tis_clip_low, high=c.tis_clip)
         ref = self.logprobs(batch, reference=True) if self.ref_model is not None else None
         kl = kl_estimate(old, ref, "k1") * batch.mask if c.kl_coef and old is not None else None
         values = self.values(batch) if self.critic is not None else None
@@ -276,7 +297,7 @@ class MegatronActor:
         advantages = estimate.advantages
         history: list[dict[str, float]] = []
         for rows in step_rows:
-            metrics = self._step(batch, rows, advantages, old, ref)
+            metrics = self._step(batch, rows, advantages, old, ref, keep)
             if self.critic is not None:
                 assert values is not None and estimate.returns is not None
                 metrics.update(self._critic_step(batch, rows, values, estimate.returns))
@@ -286,15 +307,30 @@ class MegatronActor:
         metrics["train_tokens_per_s"] = float(batch.lengths.sum().item()) * steps / max(elapsed, 1e-9)
         metrics["advantage_abs_mean"] = float((advantages.abs() * batch.mask).sum() /
                                               batch.mask.sum().clamp(min=1))
-        return metrics
+        return {**metrics, **off_policy}
+
+    def _importance_ratio_metrics(self, batch: TrainBatch, step_rows: list[list[int]],
+                                  old: torch.Tensor) -> dict[str, float]:
+        """:meth:`train`'s ``is_*`` and ``logprob_drift`` metrics. Every replica holds the whole
+        batch's ``old``; each counts only the rows it trains, so the reduce counts a token once."""
+        c = self.config
+        mine = [rows[i] for rows in step_rows
+                for micro in self._my_micro_batches(batch.select(rows)) for i in micro]
+        return importance_ratio_metrics(
+            old[mine], batch.rollout_logprobs[mine], batch.mask[mine],
+            correction=c.off_policy_correction, low=c.tis_clip_low, high=c.tis_clip,
+            device=self.device)
 
     def _step(self, batch: TrainBatch, rows: list[int], advantages: torch.Tensor,
-              old: torch.Tensor | None, ref: torch.Tensor | None) -> dict[str, float]:
-        """One optimizer step over ``rows`` of ``batch``."""
+              old: torch.Tensor | None, ref: torch.Tensor | None, keep: torch.Tensor | None
+              ) -> dict[str, float]:
+        """One optimizer step over ``rows`` of ``batch``; ``keep`` (mis) drops tokens from the
+        loss, its numerator and its denominator."""
         c = self.config
         step_batch = batch.select(rows)
         mask = step_batch.mask
-        denominator = self._denominator(mask)
+        trained = mask if keep is None else mask * keep[rows, : mask.shape[1]]
+        denominator = self._denominator(trained)
         self.model.train()
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -314,11 +350,13 @@ class MegatronActor:
             m = part.mask.to(logp.device)
             old_logp = (old[index, :width] if old is not None else logp.detach()).to(logp.device)
             weights = None
-            if c.use_tis:
-                weights = tis_weights(old_logp, part.rollout_logprobs.to(logp.device), m,
-                                      low=c.tis_clip_low, high=c.tis_clip)
+            if c.off_policy_correction != "none":
+                weigh = tis_weights if c.off_policy_correction == "tis" else mis_weights
+                weights = weigh(old_logp, part.rollout_logprobs.to(logp.device), m,
+                                low=c.tis_clip_low, high=c.tis_clip)
+            loss_mask = m if keep is None else m * keep[index, :width].to(logp.device)
             loss, parts = total_loss(
-                logp, old_logp, advantages[index, :width].to(logp.device), m,
+                logp, old_logp, advantages[index, :width].to(logp.device), loss_mask,
                 entropy=entropy, entropy_coef=c.entropy_coef,
                 ref_logp=ref[index, :width].to(logp.device) if ref is not None and c.use_kl_loss else None,
                 kl_loss_coef=c.kl_loss_coef if c.use_kl_loss else 0.0, kl_loss_type=c.kl_loss_type,
@@ -332,7 +370,7 @@ class MegatronActor:
             diff = ((logp.detach() - part.rollout_logprobs.to(logp.device)).abs() * m).sum()
             logprob_diff += float(diff)
         sums["logprob_abs_diff"] = logprob_diff
-        sums = self._sum_over_data_parallel(sums)
+        sums = sum_over_data_parallel(sums, self.device)
         sums["grad_norm"] = _apply_step(self.ddp, self.optimizer, self.scheduler)
         self.step += 1
         tokens = max(float(mask.sum()), 1.0)
@@ -360,7 +398,7 @@ class MegatronActor:
                               denominator=denominator)
             (loss * self.dp_size).backward()
             total += float(loss.detach())
-        total = self._sum_over_data_parallel({"sft_loss": total})["sft_loss"]
+        total = sum_over_data_parallel({"sft_loss": total}, self.device)["sft_loss"]
         grad_norm = _apply_step(self.ddp, self.optimizer, self.scheduler)
         self.step += 1
         return {"sft_loss": total, "grad_norm": grad_norm,
@@ -391,7 +429,7 @@ class MegatronActor:
             (loss * self.dp_size).backward()
             for key, value in parts.items():
                 sums[key] = sums.get(key, 0.0) + float(value)
-        sums = self._sum_over_data_parallel(sums)
+        sums = sum_over_data_parallel(sums, self.device)
         sums["critic_grad_norm"] = _apply_step(self.critic_ddp, self.critic_optimizer,
                                                self.critic_scheduler)
         return sums
@@ -407,17 +445,6 @@ class MegatronActor:
         loss; each backward is scaled by the replica count because Megatron's DDP averages
         gradients over replicas."""
         return self._micro(batch)[self.dp_rank :: self.dp_size]
-
-    def _sum_over_data_parallel(self, values: dict[str, float]) -> dict[str, float]:
-        """Adds up per-replica partial sums (loss parts, log-prob differences)."""
-        if self.dp_size == 1:
-            return values
-        from megatron.core import parallel_state
-
-        keys = sorted(values)
-        packed = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self.device)
-        torch.distributed.all_reduce(packed, group=parallel_state.get_data_parallel_group())
-        return dict(zip(keys, packed.tolist(), strict=True))
 
     def _micro(self, batch: TrainBatch) -> list[list[int]]:
         lengths = batch.lengths.tolist()

@@ -1,9 +1,11 @@
 """``TrainerConfig``: every training flag, typed, with its meaning.
 
 The config is frozen: what the flags determine together with other configs (the batch shape,
-from ``--rollout-batch-size`` x ``--n-samples-per-prompt``) is solved while the flags are parsed
-(:func:`batch_shape`, used by :func:`agentrl.orchestration.validation.validate_together`), and a
-new config carries the result; nothing writes a field afterwards.
+from ``--rollout-batch-size`` x ``--n-samples-per-prompt``; ``--off-policy-correction auto``,
+from how stale a rollout can be) is solved while the flags are parsed (:func:`batch_shape` and
+:func:`resolve_off_policy_correction`, used by
+:func:`agentrl.orchestration.validation.validate_together`), and a new config carries the
+result; nothing writes a field afterwards.
 """
 
 from __future__ import annotations
@@ -15,7 +17,11 @@ from agentrl.algorithms.names import AGGREGATIONS, ESTIMATORS, KL_KINDS, default
 from agentrl.config import flag, option
 from agentrl.errors import ConfigError
 
-__all__ = ["BatchShape", "TrainerConfig", "batch_shape"]
+__all__ = ["CORRECTIONS", "BatchShape", "TrainerConfig", "batch_shape",
+           "resolve_off_policy_correction"]
+
+CORRECTIONS = ("auto", "tis", "mis", "none")
+"""``--off-policy-correction`` values."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,9 +90,20 @@ class TrainerConfig:
     lambd: float = option(1.0, "GAE lambda (ppo)")
     value_clip: float = option(0.2, "PPO value clip")
     critic_lr: float | None = option(None, "PPO critic learning rate (default: --lr)")
-    use_tis: bool = option(False, "truncated importance sampling against rollout log-probs")
-    tis_clip_low: float = option(0.0, "TIS weight floor")
-    tis_clip: float = option(2.0, "TIS weight cap")
+    off_policy_correction: str = option(
+        "auto", "how the loss corrects for rollout log-probs that differ from the trainer's "
+        "(engine numerics, stale weights), by the ratio rho = exp(old - rollout) per token: "
+        "tis (truncated importance sampling: the loss is weighted by rho clamped to "
+        "[--tis-clip-low, --tis-clip]) | mis (masked importance sampling: tokens whose rho is "
+        "outside those bounds are dropped from the loss, numerator and denominator; the others "
+        "are weighted by rho) | none | auto (tis when the rollout's weights can be older than "
+        "the trainer's: --update-weights-interval > 1 or asynchronous training; none otherwise)")
+    use_tis: bool = option(False, "the same as --off-policy-correction tis (kept for old "
+                           "command lines)")
+    tis_clip_low: float = option(0.0, "lower bound of the importance ratio (tis: its floor; "
+                                 "mis: below it a token is dropped)")
+    tis_clip: float = option(2.0, "upper bound of the importance ratio (tis: its cap; mis: "
+                             "above it a token is dropped)")
     loss_aggregation: str | None = option(
         None, "token_mean (every token weighs the same) | seq_mean_token_mean (every sequence "
         "weighs the same) | seq_mean_token_sum; unset: seq_mean_token_mean with "
@@ -114,7 +131,7 @@ class TrainerConfig:
         checks = {
             "advantage_estimator": ESTIMATORS, "kl_loss_type": KL_KINDS,
             "loss_aggregation": AGGREGATIONS, "lr_decay_style": ("constant", "linear", "cosine"),
-            "loss_type": ("policy_loss", "sft_loss"),
+            "loss_type": ("policy_loss", "sft_loss"), "off_policy_correction": CORRECTIONS,
         }
         for name, choices in checks.items():
             if getattr(self, name) not in choices:
@@ -123,6 +140,10 @@ class TrainerConfig:
         self._check_ranges()
         if self.eps_clip_c is not None and self.eps_clip_c <= 1:
             raise ConfigError(f"--eps-clip-c must be > 1, got {self.eps_clip_c}")
+        if self.use_tis and self.off_policy_correction not in ("auto", "tis"):
+            raise ConfigError(f"--use-tis means --off-policy-correction tis, which contradicts "
+                              f"--off-policy-correction {self.off_policy_correction}: drop "
+                              "--use-tis")
         if self.tis_clip_low > self.tis_clip:
             raise ConfigError(f"--tis-clip-low {self.tis_clip_low} is above --tis-clip "
                               f"{self.tis_clip}: the floor must not exceed the cap")
@@ -224,3 +245,27 @@ def batch_shape(config: TrainerConfig, samples_per_rollout: int) -> BatchShape:
         raise ConfigError(f"--global-batch-size {gbs} is not a multiple of --micro-batch-size "
                           f"{config.micro_batch_size}")
     return BatchShape(gbs, steps)
+
+
+def resolve_off_policy_correction(config: TrainerConfig, *, staleness_can_be_positive: bool
+                                  ) -> TrainerConfig:
+    """Solves ``--off-policy-correction auto`` (and ``--use-tis``) into tis, mis or none.
+
+    ``--use-tis`` means tis. Otherwise auto means tis when the samples of a step can come from
+    older weights than the trainer's (staleness > 0): their log-probs then differ from the
+    trainer's by more than the engine's numerics, and an uncorrected loss follows the wrong
+    policy's gradient. With fresh samples the ratio is 1 up to numerics, and auto means none.
+
+    Args:
+        config: The trainer's flags (only read).
+        staleness_can_be_positive: Whether a rollout can be sampled by weights older than the
+            trainer's (see ``agentrl.orchestration.validation``).
+
+    Returns:
+        ``config`` when its correction is already explicit, else a new config whose
+        ``off_policy_correction`` is ``tis``, ``mis`` or ``none``, never ``auto``.
+    """
+    if config.off_policy_correction != "auto":
+        return config
+    resolved = "tis" if config.use_tis or staleness_can_be_positive else "none"
+    return dataclasses.replace(config, off_policy_correction=resolved)

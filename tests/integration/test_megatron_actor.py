@@ -5,7 +5,9 @@ from a damaged one), and TP=2 == TP=1."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import math
 import os
 from pathlib import Path
 
@@ -78,6 +80,13 @@ def actor(**flags) -> MegatronActor:
                          total_steps=4)
 
 
+def shifted(samples: list[Sample], nats: list[float]) -> list[Sample]:
+    """Copies of ``samples`` whose rollout log-probs are ``nats[row]`` lower: the importance
+    ratio exp(old - rollout) of row ``row`` becomes exp(nats[row]) (times numerics)."""
+    return [dataclasses.replace(s, rollout_log_probs=[x - shift for x in s.rollout_log_probs])
+            for s, shift in zip(samples, nats, strict=True)]
+
+
 def trained_logprobs(actor_: MegatronActor, samples: list[Sample]) -> torch.Tensor:
     """[B] mean log-prob of each sample's engine-sampled tokens."""
     logp = actor_.logprobs(samples)
@@ -110,6 +119,21 @@ def test_step_zero_kl_is_zero_and_grpo_moves_logprobs_by_advantage(samples):
     change = trained_logprobs(a, samples) - before
     rewards = torch.tensor([s.reward for s in samples])
     assert torch.all(change[rewards == 1] > 0) and torch.all(change[rewards == 0] < 0), change
+    # the engine sampled with these very weights: the importance ratio is 1 up to numerics
+    for key in ("is_ratio_mean", "is_ratio_min", "is_ratio_max"):
+        assert metrics[key] == pytest.approx(1.0, abs=1e-5), (key, metrics[key])
+    assert metrics["logprob_drift"] < 1e-6 and metrics["is_clipped_fraction"] == 0
+    assert "is_masked_fraction" not in metrics
+
+    # mis: rows whose rollout log-probs are 1 nat lower (ratio e > --tis-clip 2) drop out
+    odd = [float(s.index % 2) for s in samples]
+    mis = actor(off_policy_correction="mis").train(shifted(samples, odd))
+    trained = [s.loss_mask.count(1) for s in samples]
+    dropped = sum(n for n, shift in zip(trained, odd, strict=True) if shift) / sum(trained)
+    assert mis["is_masked_fraction"] == pytest.approx(dropped, abs=1e-12)
+    assert mis["is_ratio_max"] == pytest.approx(math.e, rel=1e-5)
+    assert math.isfinite(mis["loss"]) and mis["grad_norm"] > 0
+    assert not any(key.startswith("is_") for key in actor().train(samples))  # none: no metrics
 
 
 def test_micro_batching_does_not_change_the_step(samples):
@@ -124,8 +148,6 @@ def test_micro_batching_does_not_change_the_step(samples):
 def test_a_sample_that_failed_before_its_prompt_trains_as_nothing(samples):
     """Regression: an episode that failed in reset has no tokens; alone in a micro-batch it made
     the Megatron step reshape an empty tensor (the whole run crashed)."""
-    import dataclasses
-
     failed = Sample(group_id=samples[0].group_id, index=samples[0].index, reward=0.0,
                     status=Status.FAILED, metadata={"error": "KeyError: 'question'"})
     batch = [failed, *samples[1:]]
@@ -281,7 +303,8 @@ def _dp2_worker(rank: int, port: int, data: str, out: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     samples = [Sample.from_json(line) for line in Path(data).read_text().splitlines()]
-    a = actor(lr=1e-4, micro_batch_size=2, global_batch_size=4, num_steps_per_rollout=2)
+    a = actor(lr=1e-4, micro_batch_size=2, global_batch_size=4, num_steps_per_rollout=2,
+              off_policy_correction="tis")
     assert (a.dp_rank, a.dp_size) == (rank, 2)
     metrics = a.train(samples)
     sft = actor(lr=1e-3, micro_batch_size=2, loss_type="sft_loss")
@@ -292,12 +315,20 @@ def _dp2_worker(rank: int, port: int, data: str, out: str) -> None:
 
 def test_data_parallel_2_splits_the_batch_and_equals_1(samples, tmp_path):
     """Two data-parallel replicas each run half of every step's micro-batches; the update, the
-    loss and every metric equal one replica running all of them."""
+    loss and every metric equal one replica running all of them. The rollout log-probs are
+    shifted by row, so that the importance ratios' extremes lie on different replicas (row 0 on
+    rank 0, row 7 on rank 1)."""
+    samples = shifted(samples, [0.1 * row for row in range(len(samples))])
     data = tmp_path / "samples.jsonl"
     data.write_text("".join(s.to_json() + "\n" for s in samples))
     spawn(_dp2_worker, (free_port(), str(data), str(tmp_path)))
-    single = actor(lr=1e-4, micro_batch_size=2, global_batch_size=4, num_steps_per_rollout=2)
+    single = actor(lr=1e-4, micro_batch_size=2, global_batch_size=4, num_steps_per_rollout=2,
+                   off_policy_correction="tis")
     metrics = single.train(samples)
+    assert metrics["is_ratio_min"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["is_ratio_max"] == pytest.approx(math.exp(0.7), rel=1e-5)  # > 2: clipped
+    row7 = samples[7].loss_mask.count(1) / sum(s.loss_mask.count(1) for s in samples)
+    assert metrics["is_clipped_fraction"] == pytest.approx(row7, abs=1e-12)
     after = single.logprobs(samples)
     sft = actor(lr=1e-3, micro_batch_size=2, loss_type="sft_loss")
     sft_metrics = sft.train(samples)
@@ -305,7 +336,8 @@ def test_data_parallel_2_splits_the_batch_and_equals_1(samples, tmp_path):
     for rank in (0, 1):
         got = torch.load(tmp_path / f"dp-rank{rank}.pt")
         for key in ("loss", "pg_loss", "entropy", "clip_fraction", "ppo_kl", "grad_norm",
-                    "logprob_abs_diff"):
+                    "logprob_abs_diff", "is_ratio_mean", "is_ratio_min", "is_ratio_max",
+                    "is_clipped_fraction", "logprob_drift"):
             assert got["metrics"][key] == pytest.approx(metrics[key], abs=1e-5, rel=1e-4), key
         assert torch.allclose(got["after"], after, atol=1e-4)
         for key in ("sft_loss", "grad_norm"):

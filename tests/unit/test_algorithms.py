@@ -19,11 +19,14 @@ from agentrl.algorithms import (
     gae_advantages,
     group_index,
     grpo_advantages,
+    importance_ratio_stats,
     kl_estimate,
     masked_mean,
     masked_whiten,
+    mis_weights,
     pad_samples,
     policy_loss,
+    ratio_within_bounds,
     reinforce_plus_plus_baseline_advantages,
     reinforce_plus_plus_returns,
     response_mask,
@@ -429,7 +432,7 @@ def test_gspo_clips_the_sequence_ratio():
     close(token_loss, (-2 * math.exp(0.1) - 2.4) / 2)
 
 
-# ---- TIS ----------------------------------------------------------------------------------
+# ---- TIS and MIS --------------------------------------------------------------------------
 
 
 def test_tis_weights_clamp_and_detach():
@@ -446,6 +449,49 @@ def test_tis_weights_clamp_and_detach():
     ones = torch.ones(1, 4, dtype=torch.float64)
     loss, _ = policy_loss(old, old.detach(), ones, mask, tis_weights=w)
     close(loss, (-0.25 - 2.0 - 1.5) / 3)  # ratio 1, A 1: pg = -w
+
+
+def test_mis_masks_tokens_whose_ratio_is_outside_the_bounds():
+    old = torch.zeros(2, 4, dtype=torch.float64).requires_grad_()
+    # exp(old - rollout) = 0.25, 1.5, 4 (and a masked 1); 0.8, 1.25, 3, 0.4
+    ratios = [[0.25, 1.5, 4.0, 1.0], [0.8, 1.25, 3.0, 0.4]]
+    rollout = -torch.log(t(ratios))
+    mask = t([[1, 1, 1, 0], [1, 1, 1, 1]])
+    w = mis_weights(old, rollout, mask, low=0.5, high=2.0)
+    close(w, [[0.0, 1.5, 0.0, 0.0], [0.8, 1.25, 0.0, 0.0]])
+    assert not w.requires_grad
+    keep = ratio_within_bounds(old, rollout, mask, low=0.5, high=2.0)
+    close(keep, [[0, 1, 0, 0], [1, 1, 0, 0]])
+    close(ratio_within_bounds(old, rollout, mask), [[1, 1, 0, 0], [1, 1, 0, 1]])  # [0, 2]
+    with pytest.raises(ValueError, match="--tis-clip"):
+        mis_weights(old, rollout, mask, low=2.0, high=1.0)
+    # ratio 1, A 1: pg = -w; the 4 dropped tokens leave the denominator too (3 kept, not 7)
+    ones = torch.ones(2, 4, dtype=torch.float64)
+    loss, _ = policy_loss(old, old.detach(), ones, mask * keep, tis_weights=w)
+    close(loss, (-1.5 - 0.8 - 1.25) / 3)
+    per_sequence, _ = policy_loss(old, old.detach(), ones, mask * keep, tis_weights=w,
+                                  aggregation="seq_mean_token_mean")
+    close(per_sequence, (-1.5 + (-0.8 - 1.25) / 2) / 2)
+
+
+def test_importance_ratio_statistics_by_hand():
+    old = t([[-1.0, -2.0, -0.5], [-0.2, -3.0, 0.0], [-1.0, -1.0, -1.0]])
+    # log ratios old - rollout; the masked ones (ratio 4 and e^10) must not count
+    log_ratio = t([[LN2, -LN2, 2 * LN2], [math.log(1.5), 0.0, -2 * LN2], [10.0, 10.0, 10.0]])
+    mask = t([[1, 1, 0], [1, 1, 1], [0, 0, 0]])
+    stats = importance_ratio_stats(old, old - log_ratio, mask, low=0.3, high=1.8)
+    # trained ratios: 2, 0.5, 1.5, 1, 0.25
+    close(stats["ratio_sum"], 5.25)
+    close(stats["tokens"], 5)
+    close(stats["ratio_sum"] / stats["tokens"], 1.05)
+    close(stats["ratio_min"], 0.25)
+    close(stats["ratio_max"], 2.0)
+    close(stats["outside"], 2)  # 2 above 1.8, 0.25 below 0.3
+    close(stats["drift_sum"], 4 * LN2 + math.log(1.5))
+    assert all(value.dim() == 0 and not value.requires_grad for value in stats.values())
+    empty = importance_ratio_stats(old, old - log_ratio, torch.zeros_like(mask), low=0.3, high=1.8)
+    assert (empty["ratio_min"], empty["ratio_max"]) == (math.inf, -math.inf)  # ignored by min/max
+    assert float(empty["tokens"]) == float(empty["ratio_sum"]) == float(empty["outside"]) == 0
 
 
 # ---- value loss and entropy ---------------------------------------------------------------

@@ -131,6 +131,31 @@ def test_one_sample_per_prompt_is_fine_for_sft_and_reinforce_plus_plus() -> None
     assert rpp.trainer.advantage_estimator == "reinforce_plus_plus"
 
 
+# ---- off-policy correction ----------------------------------------------------------------
+
+
+def test_off_policy_correction_defaults_to_tis_when_staleness_can_be_positive() -> None:
+    def correction(*flags: str) -> str:
+        return parse_args([*ENV, *flags]).trainer.off_policy_correction
+
+    assert correction("--update-weights-interval", "2") == "tis"  # rollouts from older weights
+    assert correction("--update-weights-interval", "1") == "none"
+    assert correction() == "none"
+    assert correction("--use-tis") == "tis"  # the old flag still means tis
+    assert correction("--off-policy-correction", "mis", "--update-weights-interval", "2") == "mis"
+    assert correction("--off-policy-correction", "none", "--update-weights-interval", "2") == "none"
+
+
+def test_use_tis_with_an_explicit_other_correction_is_refused(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    for other in ("mis", "none"):
+        err = refused([*ENV, "--use-tis", "--off-policy-correction", other], capsys)
+        assert "--use-tis" in err and f"--off-policy-correction {other}" in err
+    assert parse_args([*ENV, "--use-tis", "--off-policy-correction", "tis"]).trainer.use_tis
+    err = refused([*ENV, "--off-policy-correction", "truncated"], capsys)
+    assert "--off-policy-correction must be one of auto, tis, mis, none" in err
+
+
 # ---- GSPO's default aggregation -----------------------------------------------------------
 
 
