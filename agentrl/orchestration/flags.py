@@ -25,6 +25,14 @@ class RunConfig:
     num_rollout: int = option(3, "rollout -> train iterations (with --load: the new total; the "
                               "lr decay is stretched to it)")
     update_weights_interval: int = option(1, "push trainer weights to the engine every N rollouts")
+    async_training: bool = option(False, "overlap rollouts and training: episodes go on running "
+                                  "on the engines while the trainer trains on finished groups, "
+                                  "and weights are pushed to them in flight (see the README's "
+                                  "'Asynchronous training')")
+    max_staleness: int = option(1, "with --async-training: no trained group's oldest token is "
+                                "more than this many weight versions behind the trainer (1: "
+                                "one-step-off; 0: on-policy); new groups wait to start, none is "
+                                "dropped for being late")
     weight_sync: str = option("auto", "how weights reach the engines: tensor (in memory; Ray's "
                               "shared-memory object store for engine actors), disk (a Hugging "
                               "Face directory under <output-dir>/weights), auto (tensor for "
@@ -61,6 +69,15 @@ class RunConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{flag(name)} must be >= 1, got {value}")
+        if self.max_staleness < 0:
+            raise ConfigError(f"--max-staleness must be >= 0, got {self.max_staleness}")
+        if self.async_training and self.max_staleness < self.update_weights_interval - 1:
+            raise ConfigError(
+                f"--max-staleness {self.max_staleness} with --update-weights-interval "
+                f"{self.update_weights_interval}: the engines keep each version for "
+                f"{self.update_weights_interval} iterations, so groups started on it are up to "
+                f"{self.update_weights_interval - 1} versions old when trained; raise "
+                f"--max-staleness to {self.update_weights_interval - 1} or lower the interval")
         if self.max_failed_fraction is not None and not 0 <= self.max_failed_fraction < 1:
             raise ConfigError(f"--max-failed-fraction must be in [0, 1), got {self.max_failed_fraction}")
         if self.wandb_mode not in WANDB_MODES:

@@ -52,6 +52,7 @@ def validate_together(args: Args) -> Args:
     _check_algorithm(args)
     _check_output_dir(args)
     _check_eval(args)
+    _check_async(args)
     rollout = args.rollout
     trainer = resolve_off_policy_correction(
         args.trainer, staleness_can_be_positive=_staleness_can_be_positive(args))
@@ -70,8 +71,28 @@ def validate_together(args: Args) -> Args:
 
 def _staleness_can_be_positive(args: Args) -> bool:
     """Whether a rollout can be sampled by weights older than the trainer's: the engines get
-    new weights only every ``--update-weights-interval`` rollouts."""
-    return args.run.update_weights_interval > 1
+    new weights only every ``--update-weights-interval`` rollouts, or (asynchronous training)
+    run ahead of the trainer."""
+    run = args.run
+    return run.update_weights_interval > 1 or (run.async_training and run.max_staleness > 0)
+
+
+def _check_async(args: Args) -> None:
+    if not args.run.async_training:
+        return
+    cluster = args.cluster
+    if cluster.colocate:
+        raise ConfigError("--async-training overlaps rollouts and training, but --colocate puts "
+                          "the engines and the trainer on the same devices (the engines free "
+                          "their memory while the trainer runs): drop --colocate and give the "
+                          "engines their own --rollout-num-gpus N")
+    if args.trainer.loss_type == "sft_loss":
+        raise ConfigError("--async-training overlaps sampling and training; --loss-type sft_loss "
+                          "trains on demonstrations, which are not sampled: drop one of them")
+    if _has_cuda() and not cluster.engine_actors and not args.rollout.rollout_engine_urls:
+        raise ConfigError("--async-training: without --rollout-num-gpus the embedded engine "
+                          "runs in this process, on the trainer's first GPU; give the engines "
+                          "their own devices with --rollout-num-gpus N")
 
 
 def check_files(args: Args) -> None:

@@ -4,6 +4,7 @@ renderer and the context every episode shares."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any
 
 from agentrl.chat import ChatRenderer
@@ -129,7 +130,9 @@ def scripted_context(config: RolloutConfig, turns: TurnSource, envs: EnvFactory)
 
 
 def eval_context(ctx: RolloutContext) -> RolloutContext:
-    """``ctx`` for eval rollouts: the eval temperature, the same engine and stop flag."""
+    """``ctx`` for eval rollouts: the eval temperature, the same engine, and a stop flag of
+    its own (an eval rollout that has enough groups stops its own episodes, not the training
+    episodes an asynchronous run keeps playing meanwhile)."""
     if ctx.engine is None or ctx.renderer is None:
         return ctx
     sampling = sampling_from_config(ctx.config, ctx.renderer, evaluation=True)
@@ -138,4 +141,4 @@ def eval_context(ctx: RolloutContext) -> RolloutContext:
 
     if isinstance(turns, EngineTurns):
         turns = EngineTurns(ctx.engine, sampling, ctx.config.rollout_seed)
-    return dataclasses.replace(ctx, sampling=sampling, turns=turns)
+    return dataclasses.replace(ctx, sampling=sampling, turns=turns, stopping=threading.Event())

@@ -35,7 +35,7 @@ from agentrl.rollout.data import SkippedRow, report_skipped, row_location
 from agentrl.rollout.episode import Episode, RolloutContext
 from agentrl.rollout.sample import Sample, Status
 
-__all__ = ["RolloutBatch", "RolloutRunner"]
+__all__ = ["RolloutBatch", "RolloutRunner", "batch_metrics", "group_order"]
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ class RolloutRunner:
         for group in leftovers:
             unfinished = any(s.status is Status.ABORTED for s in group)
             if not unfinished and not self._fits(group, counts):
-                await self._discard(group)
+                await self.discard(group)
                 continue
             if unfinished:
                 counts["aborted_groups"] += 1
@@ -182,7 +182,7 @@ class RolloutRunner:
                 self.data_source.add_samples([group])
                 counts["groups_to_buffer"] += 1
             else:
-                await self._discard(group)
+                await self.discard(group)
         if len(kept) < target and not self.evaluation and self._first_overlong is not None:
             raise DataError(
                 f"only {len(kept)} of {target} groups fit the context after {submitted} prompts: "
@@ -197,8 +197,8 @@ class RolloutRunner:
             kept.extend(rejected[-missing:])
             counts["dynamic_sampling_exhausted"] = 1
         # completion order is a race; group-id order makes a rollout's batch reproducible
-        kept.sort(key=_group_order)
-        metrics = _metrics(kept, counts, submitted, asyncio.get_running_loop().time() - started)
+        kept.sort(key=group_order)
+        metrics = batch_metrics(kept, counts, submitted, asyncio.get_running_loop().time() - started)
         return RolloutBatch(kept, metrics)
 
     async def close(self) -> None:
@@ -224,7 +224,7 @@ class RolloutRunner:
                     break
                 for group in groups:
                     rid = f"r{rollout_id}-g{group[0].group_id}"
-                    pending.add(asyncio.create_task(self._play_group(group, rid)))
+                    pending.add(asyncio.create_task(self.play_group(group, rid)))
                 submitted += len(groups)
             if not pending:
                 break
@@ -236,7 +236,7 @@ class RolloutRunner:
                 if self.on_group_done is not None:
                     self.on_group_done(group)
                 if not self._fits(group, counts):
-                    await self._discard(group)
+                    await self.discard(group)
                     continue
                 if len(kept) >= target:
                     surplus.append(group)
@@ -285,7 +285,22 @@ class RolloutRunner:
             raise PluginError(f"--dynamic-sampling-filter-path {self.ctx.config.dynamic_sampling_filter_path}: "
                               f"{type(exc).__name__}: {exc} (on group {group[0].group_id})") from exc
 
-    async def _play_group(self, group: list[Sample], rid: str) -> list[Sample]:
+    def judge(self, group: list[Sample], counts: collections.Counter[str]) -> str:
+        """What a training rollout does with a finished group: ``keep`` it, ``reject`` it (the
+        dynamic-sampling filter said no; it may still top up a batch) or ``drop`` it (too long
+        to train on, see :meth:`_fits`; its suspended episodes are closed by :meth:`discard`).
+        Counts what it found in ``counts`` (``rollout/...`` metrics)."""
+        if not self._fits(group, counts):
+            return "drop"
+        if self._passes(group):
+            return "keep"
+        counts["filtered_groups"] += 1
+        return "reject"
+
+    async def play_group(self, group: list[Sample], rid: str) -> list[Sample]:
+        """Plays and scores one group (episodes, a black-box agent or the custom generate
+        function), request ids prefixed ``rid``; samples finished earlier are left as they are,
+        aborted ones resume. Returns the group (an agent's extra segments included)."""
         if self.custom_generate is not None:
             todo = [s for s in group if s.status is not Status.COMPLETED
                     and s.status is not Status.TRUNCATED and s.status is not Status.FAILED]
@@ -342,21 +357,24 @@ class RolloutRunner:
         self.ctx.stopping.clear()
         return list(done)
 
-    async def _discard(self, group: list[Sample]) -> None:
+    async def discard(self, group: list[Sample]) -> None:
+        """Closes the suspended episodes of a group that will not be played on."""
         for sample in group:
             episode = self.suspended.pop((sample.group_id, sample.index), None)
             if episode is not None:
                 await episode.close()
 
 
-def _group_order(group: list[Sample]) -> tuple[int, int, str]:
+def group_order(group: list[Sample]) -> tuple[int, int, str]:
     """Sort key: integer group ids in numeric order, then any others by their text."""
     gid = group[0].group_id
     return (0, gid, "") if isinstance(gid, int) else (1, 0, str(gid))
 
 
-def _metrics(groups: list[list[Sample]], counts: collections.Counter[str], submitted: int,
-             wall_s: float) -> dict[str, float]:
+def batch_metrics(groups: list[list[Sample]], counts: collections.Counter[str], submitted: int,
+                  wall_s: float) -> dict[str, float]:
+    """A training batch's ``rollout/...`` metrics: its groups, what ``counts`` counted on the
+    way (filtered, overlong, aborted groups), the groups submitted and the seconds it took."""
     samples = [s for g in groups for s in g]
     statuses = collections.Counter(s.status.value for s in samples)
     rewards = [s.reward for s in samples if s.reward is not None]

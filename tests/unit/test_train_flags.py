@@ -144,6 +144,8 @@ def test_off_policy_correction_defaults_to_tis_when_staleness_can_be_positive() 
     assert correction("--use-tis") == "tis"  # the old flag still means tis
     assert correction("--off-policy-correction", "mis", "--update-weights-interval", "2") == "mis"
     assert correction("--off-policy-correction", "none", "--update-weights-interval", "2") == "none"
+    assert correction("--async-training") == "tis"  # one-step-off by default
+    assert correction("--async-training", "--max-staleness", "0") == "none"
 
 
 def test_use_tis_with_an_explicit_other_correction_is_refused(
@@ -154,6 +156,32 @@ def test_use_tis_with_an_explicit_other_correction_is_refused(
     assert parse_args([*ENV, "--use-tis", "--off-policy-correction", "tis"]).trainer.use_tis
     err = refused([*ENV, "--off-policy-correction", "truncated"], capsys)
     assert "--off-policy-correction must be one of auto, tis, mis, none" in err
+
+
+# ---- asynchronous training ----------------------------------------------------------------
+
+
+def test_async_training_is_refused_with_colocate_and_says_why(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused([*ENV, "--async-training", "--colocate"], capsys)
+    assert "--async-training overlaps rollouts and training" in err and "drop --colocate" in err
+
+
+def test_async_refuses_a_staleness_below_the_weight_interval(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused([*ENV, "--async-training", "--update-weights-interval", "3"], capsys)
+    assert "--max-staleness 1 with --update-weights-interval 3" in err
+    assert "raise --max-staleness to 2" in err
+    args = parse_args([*ENV, "--async-training", "--update-weights-interval", "3",
+                       "--max-staleness", "2"])
+    assert args.run.async_training and args.run.max_staleness == 2
+    err = refused([*ENV, "--max-staleness", "-1"], capsys)
+    assert "--max-staleness must be >= 0" in err
+
+
+def test_async_refuses_sft_loss(capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused([*ENV, "--async-training", "--loss-type", "sft_loss"], capsys)
+    assert "--loss-type sft_loss trains on demonstrations" in err
 
 
 # ---- GSPO's default aggregation -----------------------------------------------------------
