@@ -15,14 +15,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import json
 import sys
+from pathlib import Path
+from typing import Any
 
 from agentrl.errors import AgentRLError, RunInterrupted
 from agentrl.eval.runner import run_evaluation
 from agentrl.orchestration.checkpoints import (
-    checkpoint_folder,
+    DATA_FILE,
+    PIPELINE_FILE,
     latest_checkpoint,
-    mark_latest,
+    publish_checkpoint,
+    read_pipeline_state,
     resume_advice,
 )
 from agentrl.orchestration.cluster import TrainerGroup
@@ -34,6 +40,7 @@ from agentrl.orchestration.weights import weight_sync_for
 from agentrl.rollout import RolloutRunner, env_factory, load_data_source, make_rollout_context
 from agentrl.rollout.build import policy_checkpoint
 from agentrl.rollout.demonstrations import DemoBatch, demonstrations
+from agentrl.rollout.pipeline import AsyncRollout
 
 
 async def main(argv: list[str]) -> None:
@@ -63,15 +70,24 @@ async def main(argv: list[str]) -> None:
             runner = RolloutRunner.from_context(ctx, data)
             closing.push_async_callback(runner.close)
             runner.on_group_done = log.progress.group_done
+            # --async-training: groups keep playing while the trainer trains (--max-staleness)
+            pipeline = AsyncRollout.from_runner(runner, max_staleness=run.max_staleness) if run.async_training else None
+            if pipeline is not None:
+                closing.push_async_callback(pipeline.aclose)
             start = 0
             if trainer.load:
                 folder = latest_checkpoint(trainer.load)
                 extra = actor.load_checkpoint(folder)
                 start = int(extra.get("next_rollout", 0))
                 log.restore(extra.get("run_log", {}))  # the dead-run count and elapsed time go on
-                data.load(folder / "data.json")
+                data.load(folder / DATA_FILE)
+                state = read_pipeline_state(folder)
+                if pipeline is not None and state is not None:
+                    pipeline.restore(state)  # the groups it had started are played again first
                 await weights.push(version=str(start))
                 print(f"resumed from {folder} at rollout {start}")
+            if pipeline is not None:
+                pipeline.start(engine_version=start)
 
             for rollout_id in range(start, run.num_rollout):
                 log.progress.rollout_started(rollout_id)
@@ -83,7 +99,8 @@ async def main(argv: list[str]) -> None:
                     if trainer.loss_type == "sft_loss":  # a supervised warm start on demonstrations
                         batch = DemoBatch(await demonstrations(ctx, data.get_samples(rollout.rollout_batch_size)))
                     else:
-                        batch = await runner.generate(rollout_id)
+                        batch = await (pipeline.next_batch(rollout_id) if pipeline is not None
+                                       else runner.generate(rollout_id))
                         batch.check_failures(run.max_failed_fraction)  # stops a run that would learn nothing
                 where[0] = f"rollout {rollout_id} (training)"
                 with log.stage("train"):
@@ -94,19 +111,20 @@ async def main(argv: list[str]) -> None:
                 if (rollout_id + 1) % run.update_weights_interval == 0:
                     with log.stage("weight_sync"):
                         await weights.push(version=str(rollout_id + 1))
+                    if pipeline is not None:  # new groups may start, on the new weights
+                        pipeline.published(rollout_id + 1)
                 if run.save_trajectories:
                     log.samples(rollout_id, batch.samples)
                 last = rollout_id + 1 == run.num_rollout  # the end of the run is always saved
                 if last or (trainer.save_interval and (rollout_id + 1) % trainer.save_interval == 0):
-                    # no await in here: a signal during a save takes effect once it is sealed
+                    # no await in here: a signal during a save takes effect once it is sealed,
+                    # and the data position and the pipeline are read at the same instant
                     where[0] = f"rollout {rollout_id} (saving)"
                     with log.stage("save"):
-                        folder = checkpoint_folder(save_root, rollout_id + 1)
                         # this rollout's metrics are recorded after the save: counted as if done
-                        actor.save_checkpoint(folder, extra={"next_rollout": rollout_id + 1,
-                                                             "run_log": log.counters(batch.metrics)})
-                        data.save(folder / "data.json")
-                        mark_latest(save_root, folder)
+                        extra = {"next_rollout": rollout_id + 1, "run_log": log.counters(batch.metrics)}
+                        publish_checkpoint(save_root, rollout_id + 1, functools.partial(
+                            save, actor=actor, extra=extra, data=data, pipeline=pipeline))
                         if trainer.save_hf:
                             actor.save_hf(f"{trainer.save_hf}/rollout_{rollout_id + 1:05d}", tokenizer_dir=checkpoint)
                 log.metrics(rollout_id, {**batch.metrics, **{f"train/{k}": v for k, v in train_metrics.items()}})
@@ -116,6 +134,16 @@ async def main(argv: list[str]) -> None:
                 log.eval(run.num_rollout, await run_evaluation(ctx, run.num_rollout))
     print(f"done: metrics {log.metrics_path}, trajectories {log.trajectories}/, checkpoints "
           f"{save_root}/ (continue with --load {save_root})")
+
+
+def save(folder: Path, actor: Any, extra: dict[str, Any], data: Any, pipeline: AsyncRollout | None) -> None:
+    """Writes a checkpoint's files into the fresh ``folder``: the trainer's (first: Megatron
+    expects an empty folder), then the pipeline's state and the data position, read together
+    with nothing in between."""
+    actor.save_checkpoint(folder, extra=extra)
+    if pipeline is not None:
+        (folder / PIPELINE_FILE).write_text(json.dumps(pipeline.snapshot()), encoding="utf-8")
+    data.save(folder / DATA_FILE)
 
 
 if __name__ == "__main__":

@@ -3,11 +3,14 @@ choice of the one ``--load`` resumes from.
 
 A run saves before rollout ``n`` into ``<save>/rollout_<n>`` (:func:`checkpoint_folder`): the
 trainer's Megatron distributed checkpoint (``.metadata``, ``*.distcp``, ``common.pt``,
-``metadata.json``) and the data position (``data.json``). :func:`mark_latest` then seals it: it
-writes ``manifest.json`` (every file's size) and points ``<save>/latest`` at it. A save cut
-short (a killed run, a full disk) leaves a folder without a manifest, or with files whose sizes
-differ from it; :func:`latest_checkpoint` skips such folders, says why, and falls back to the
-newest older one that is complete.
+``metadata.json``), the data position (``data.json``) and, for ``--async-training``, the
+pipeline's state (``pipeline.json``: its ledger and the groups it had started but not trained).
+:func:`publish_checkpoint` writes them into a hidden staging folder, seals it (``manifest.json``,
+every file's size), renames it to ``rollout_<n>`` and then points ``<save>/latest`` at it, so a
+kill at any instant leaves the previous checkpoint usable and never a half-written folder under
+a checkpoint's name. A folder damaged afterwards (a truncated file, a full disk) fails its
+manifest; :func:`latest_checkpoint` skips such folders, says why, and falls back to the newest
+older one that is complete.
 """
 
 from __future__ import annotations
@@ -15,20 +18,26 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from agentrl.errors import ConfigError
 
-__all__ = ["DATA_FILE", "MANIFEST", "checkpoint_folder", "checkpoint_problem",
-           "latest_checkpoint", "mark_latest", "resume_advice"]
+__all__ = ["DATA_FILE", "MANIFEST", "PIPELINE_FILE", "checkpoint_folder", "checkpoint_problem",
+           "check_resumable", "latest_checkpoint", "mark_latest", "publish_checkpoint",
+           "read_pipeline_state", "resume_advice"]
 
 MANIFEST = "manifest.json"
 """``{"files": {relative path: size in bytes}}`` of a sealed checkpoint."""
 
 DATA_FILE = "data.json"
 """The data source's position, written beside the trainer's files."""
+
+PIPELINE_FILE = "pipeline.json"
+"""An asynchronous run's pipeline state (:meth:`~agentrl.rollout.pipeline.AsyncRollout.snapshot`)."""
 
 MARKER = "latest"
 """``<save>/latest``: the name of the newest sealed checkpoint folder."""
@@ -41,15 +50,60 @@ def checkpoint_folder(root: str | Path, next_rollout: int) -> Path:
     return Path(root) / f"rollout_{next_rollout:05d}"
 
 
+def publish_checkpoint(root: str | Path, next_rollout: int, write: Callable[[Path], None]) -> Path:
+    """Writes the checkpoint taken before rollout ``next_rollout`` whole or not at all.
+
+    ``write(staging)`` fills a fresh hidden folder next to the checkpoint's; it is sealed,
+    renamed to :func:`checkpoint_folder` (replacing a folder of that name a killed save left)
+    and marked latest. Returns the checkpoint folder.
+    """
+    folder = checkpoint_folder(root, next_rollout)
+    staging = folder.with_name(f".{folder.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)  # an earlier save that was killed
+    staging.mkdir(parents=True)
+    write(staging)
+    _seal(staging)
+    if folder.exists():  # never the marker's: saves go forward from it
+        shutil.rmtree(folder)
+    staging.rename(folder)
+    _write_atomically(Path(root) / MARKER, folder.name + "\n")
+    return folder
+
+
 def mark_latest(root: str | Path, folder: Path) -> None:
     """Seals ``folder`` (its manifest of file sizes) and records it as the newest complete
-    checkpoint. Call it once everything is saved; the marker is written last, atomically."""
-    folder = Path(folder)
+    checkpoint: for a folder written in place, e.g. by hand (runs use
+    :func:`publish_checkpoint`). The marker is written last, atomically."""
+    _seal(Path(folder))
+    _write_atomically(Path(root) / MARKER, Path(folder).name + "\n")
+
+
+def read_pipeline_state(folder: Path) -> dict[str, Any] | None:
+    """The asynchronous pipeline's state saved in checkpoint ``folder``, or ``None`` when a
+    synchronous run wrote it."""
+    path = Path(folder) / PIPELINE_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def check_resumable(folder: Path, *, async_training: bool) -> None:
+    """Refuses to resume an asynchronous checkpoint synchronously: the groups it had started
+    but not trained would be lost.
+
+    Raises:
+        ConfigError: Naming ``--load`` and ``--async-training``.
+    """
+    state = read_pipeline_state(folder)
+    if state is not None and state.get("groups") and not async_training:
+        raise ConfigError(f"--load {folder}: this checkpoint was written by an --async-training "
+                          f"run with {len(state['groups'])} groups started but not trained; "
+                          "resume it with --async-training, so that they are trained (once)")
+
+
+def _seal(folder: Path) -> None:
     sizes = {str(path.relative_to(folder)): path.stat().st_size
              for path in sorted(folder.rglob("*"))
              if path.is_file() and path.name not in (MANIFEST, MANIFEST + ".tmp")}
     _write_atomically(folder / MANIFEST, json.dumps({"files": sizes}, indent=1) + "\n")
-    _write_atomically(Path(root) / MARKER, folder.name + "\n")
 
 
 def checkpoint_problem(folder: Path) -> str | None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from agentrl.config import flag
 from agentrl.errors import ConfigError, PluginError
 from agentrl.models.hf_config import EMBEDDED_MODEL_TYPES, check_safetensors_headers, read_config
-from agentrl.orchestration.checkpoints import latest_checkpoint
+from agentrl.orchestration.checkpoints import check_resumable, latest_checkpoint
 from agentrl.trainer.config import batch_shape, resolve_off_policy_correction
 from agentrl.trainer.hf_spec import ARCHITECTURES, read_hf_config
 from agentrl.trainer.model_flags import check_model_flags
@@ -132,7 +132,8 @@ def check_files(args: Args) -> None:
         check_model_flags({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
                            **TINY_MODEL_CONFIG}, args.trainer)
     if args.trainer.load:
-        latest_checkpoint(args.trainer.load, report=None)
+        check_resumable(latest_checkpoint(args.trainer.load, report=None),
+                        async_training=args.run.async_training)
     check_plugins(rollout)
 
 

@@ -68,10 +68,11 @@ class TensorSync(WeightSync):
         self.by_reference = isinstance(engine, EngineGroup) and isinstance(actor, TrainerGroup)
 
     async def push(self, version: str) -> None:
+        # in a thread: with --async-training, episodes go on running on this event loop
         if self.by_reference:
-            state: Any = self.actor.hf_state_dict_ref()  # type: ignore[attr-defined]
+            state: Any = await asyncio.to_thread(self.actor.hf_state_dict_ref)  # type: ignore[attr-defined]
         else:
-            state = self.actor.hf_state_dict()
+            state = await asyncio.to_thread(self.actor.hf_state_dict)
         await self.engine.update_weights(state_dict=state, version=version)
 
 
@@ -91,7 +92,7 @@ class DiskSync(WeightSync):
 
     async def push(self, version: str) -> None:
         previous = sorted(self.root.glob("v*")) if self.root.is_dir() else []
-        path = Path(self.actor.save_hf(self.root / f"v{version}"))
+        path = Path(await asyncio.to_thread(self.actor.save_hf, self.root / f"v{version}"))
         await self.engine.update_weights(path=str(path), version=version)
         for old in previous:  # engines have loaded the new one: the old ones are garbage
             if old != path:

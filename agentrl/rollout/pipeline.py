@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentrl.errors import DataError
+from agentrl.rollout.ledger import GroupState, SampleLedger
 from agentrl.rollout.runner import RolloutBatch, RolloutRunner, batch_metrics, group_order
 from agentrl.rollout.sample import Sample, Status
 
@@ -110,7 +111,10 @@ class AsyncRollout:
         self._admission: asyncio.Task[None] | None = None
         self._exhausted = False
         self._closing = False
+        self._restored = False
         self._window = _Window()
+        self.ledger = SampleLedger()
+        """What became of every group started (saved with each checkpoint)."""
 
     @classmethod
     def from_runner(cls, runner: RolloutRunner, *, max_staleness: int) -> AsyncRollout:
@@ -127,6 +131,8 @@ class AsyncRollout:
         ``engine_version``."""
         if self._admission is not None:
             raise RuntimeError("the pipeline is already started")
+        if not self._restored:  # a fresh run, or one resumed from a synchronous checkpoint
+            self._trained = self._live = engine_version * self.groups_per_batch
         self._engine_version = engine_version
         self._admission = asyncio.create_task(self._admit(), name="async-rollout-admission")
 
@@ -181,6 +187,7 @@ class AsyncRollout:
             raise StalenessError(f"{len(late)} more groups are due at trainer version {t} than a "
                                  f"batch of {self.groups_per_batch} holds (group {late[0].group_id})")
         self._trained += len(chosen)
+        self.ledger.trained([g.group_id for g in chosen], trainer_version=t, epoch=self._epoch())
         groups = sorted((g.samples for g in chosen), key=group_order)
         for sample in (s for g in groups for s in g):
             sample.metadata["trainer_version"] = t
@@ -197,19 +204,22 @@ class AsyncRollout:
 
     def snapshot(self) -> dict[str, Any]:
         """What a checkpoint needs to resume exactly once, taken without awaiting (so it is
-        consistent with the data source's state read in the same step): the groups trained so
-        far, and every group admitted but not trained (running, ready, filtered out, or still
-        to replay), reset to be played again from their prompts."""
-        untrained = [g.fresh for g in (*self._running.values(), *self._ready, *self._rejected)]
+        consistent with the data source's state read in the same step): the count of groups
+        trained, the ledger, and every group started but neither trained nor discarded
+        (running, or finished and waiting), as it was when started, to be played again."""
+        untrained = [g.fresh for g in (*self._running.values(), *self._ready)]
         replay = [[s.to_dict() for s in group] for group in self._replay]
-        return {"trained_groups": self._trained, "groups": [*replay, *untrained]}
+        return {"trained_groups": self._trained, "groups": [*replay, *untrained],
+                "ledger": self.ledger.state_dict()}
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """Continues from :meth:`snapshot`: the untrained groups are admitted first, before any
         new prompt, so every prompt is trained exactly once across the restart."""
         if self._admission is not None:
             raise RuntimeError("restore() before start()")
+        self._restored = True
         self._trained = self._live = int(state["trained_groups"])
+        self.ledger.load_state_dict(state.get("ledger", {}))
         groups = [[Sample.from_dict(s) for s in group] for group in state.get("groups", [])]
         for sample in (s for g in groups for s in g):
             sample.metadata["restarted"] = sample.metadata.get("restarted", 0) + 1
@@ -267,8 +277,12 @@ class AsyncRollout:
             groups += self.runner.data_source.get_samples(count - len(groups))
         return groups
 
+    def _epoch(self) -> int:
+        return int(getattr(self.runner.data_source, "epoch", 0))  # plug-in sources may lack it
+
     def _launch(self, samples: list[Sample]) -> None:
         group = _Group(samples, admitted=self._engine_version, fresh=[s.to_dict() for s in samples])
+        self.ledger.admit(samples, version=self._engine_version, epoch=self._epoch())
         self._live += 1
         self._window.admitted += 1
         self._running[id(group)] = group
@@ -298,11 +312,14 @@ class AsyncRollout:
         group.finished = next(self._completions)
         if verdict == "keep":
             self._ready.append(group)
+            self.ledger.set_state(group.group_id, GroupState.FINISHED)
         else:
             self._live -= 1  # discarded: admission may start another in its place
             if verdict == "reject":
                 self._rejected.append(group)
+                self.ledger.set_state(group.group_id, GroupState.FILTERED)
             else:
+                self.ledger.set_state(group.group_id, GroupState.DROPPED)
                 await self.runner.discard(group.samples)
         self._notify()
 

@@ -20,35 +20,6 @@ def train(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=600)
 
 
-def test_train_runs_saves_and_resumes(tmp_path):
-    out, ckpt = tmp_path / "run", tmp_path / "ckpt"
-    first = train(*TINY_RUN, "--num-rollout", "2", "--dead-run-rollouts", "2", "--output-dir", str(out), "--save", str(ckpt),
-                  "--save-interval", "1", "--eval-env", "calc", "--eval-interval", "2",
-                  "--eval-max-prompts", "2", cwd=tmp_path)
-    assert first.returncode == 0, first.stderr[-3000:]
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [m["rollout_id"] for m in metrics] == [0, 1]
-    assert all(m["rollout/samples"] == 4 and "train/grad_norm" in m for m in metrics)
-    assert (ckpt / "latest").read_text().strip() == "rollout_00002"
-    trajectories = (out / "trajectories" / "rollout_00001.jsonl").read_text().splitlines()
-    assert len(trajectories) == 4 and json.loads(trajectories[0])["loss_mask"]
-    evals = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
-    assert [e["step"] for e in evals] == [0, 2] and evals[0]["sets"]["calc"]["n_prompts"] == 2
-
-    resumed = train(*TINY_RUN, "--num-rollout", "3", "--output-dir", str(out), "--load", str(ckpt),
-                    cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    # the random-init model never solves calc: every group is flat, which is said loudly
-    assert "WARNING: dead run" in first.stderr + resumed.stderr
-    assert "resumed from" in resumed.stdout and "rollout 2" in resumed.stdout
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [m["rollout_id"] for m in metrics] == [0, 1, 2]
-    # the dead-run count went on across the restart (it was saved with the checkpoint)
-    before, after = metrics[1]["run/flat_rollouts_in_a_row"], metrics[2]
-    flat = after["rollout/zero_std_groups"] == after["rollout/groups"]
-    assert after["run/flat_rollouts_in_a_row"] == (before + 1 if flat else 0)
-
-
 def test_train_runs_on_swe_tools(tmp_path):
     """The README's main job, shrunk: swe-tools episodes in `auto` sandboxes, a train step, the
     end-of-run checkpoint."""
@@ -89,21 +60,29 @@ def test_sft_warm_start_then_rl_from_its_export(tmp_path):
 
 
 def test_resumed_run_equals_an_uninterrupted_one(tmp_path):
-    """Kill after the first checkpoint, resume with --load: the rollouts and steps after it are
-    the uninterrupted run's (sampling seeds derive from --rollout-seed and the request id; the
-    checkpoint holds weights, optimizer, schedule, RNG and the data position)."""
+    """Resume from the first checkpoint with --load: the rollouts and steps after it are the
+    uninterrupted run's (sampling seeds derive from --rollout-seed and the request id; the
+    checkpoint holds weights, optimizer, schedule, RNG, the data position and the run's
+    counters), and so are its evaluations."""
     rm = tmp_path / "rm.py"  # a reward with spread, so the tiny model gets real gradients
     rm.write_text("def rm(args, sample):\n    return float(len(sample.response) % 3 == 0)\n")
-    flags = [*TINY_RUN, "--custom-rm-path", str(rm), "--lr", "1e-3", "--rollout-temperature", "1.0"]
-    whole = train(*flags, "--num-rollout", "3", "--output-dir", str(tmp_path / "whole"), cwd=tmp_path)
+    flags = [*TINY_RUN, "--custom-rm-path", str(rm), "--lr", "1e-3", "--rollout-temperature", "1.0",
+             "--eval-env", "calc", "--eval-interval", "2", "--eval-max-prompts", "2"]
+    whole = train(*flags, "--num-rollout", "3", "--output-dir", str(tmp_path / "whole"),
+                  "--save", str(tmp_path / "ckpt"), "--save-interval", "1", cwd=tmp_path)
     assert whole.returncode == 0, whole.stderr[-3000:]
-    cut = train(*flags, "--num-rollout", "2", "--output-dir", str(tmp_path / "cut"),
-                "--save", str(tmp_path / "ckpt"), "--save-interval", "1", cwd=tmp_path)
-    assert cut.returncode == 0, cut.stderr[-3000:]
+    assert (tmp_path / "ckpt" / "latest").read_text().strip() == "rollout_00003"
     (tmp_path / "ckpt" / "latest").write_text("rollout_00001\n")  # as if killed after rollout 0
     resumed = train(*flags, "--num-rollout", "3", "--output-dir", str(tmp_path / "resumed"),
                     "--load", str(tmp_path / "ckpt"), cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout and "rollout 1" in resumed.stdout
+    # the later folders of the first run were replaced by the resumed run's saves
+    assert (tmp_path / "ckpt" / "latest").read_text().strip() == "rollout_00003"
+    evals = {run: [json.loads(line) for line in (tmp_path / run / "eval.jsonl").read_text().splitlines()]
+             for run in ("whole", "resumed")}
+    assert [e["step"] for e in evals["whole"]] == [0, 2, 3] and [e["step"] for e in evals["resumed"]] == [2, 3]
+    assert evals["whole"][0]["sets"]["calc"]["n_prompts"] == 2
 
     def read(run: str) -> dict[int, dict]:
         lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
@@ -114,7 +93,8 @@ def test_resumed_run_equals_an_uninterrupted_one(tmp_path):
     assert any(expected[i]["train/grad_norm"] > 0 for i in (1, 2))  # the check has teeth
     for rollout_id in (1, 2):
         for key, value in expected[rollout_id].items():
-            if key.startswith(("train/", "rollout/")) and not key.endswith(("_s", "per_s")):
+            # run/: counters saved with the checkpoint (the dead-run count goes on)
+            if key.startswith(("train/", "rollout/", "run/")) and not key.endswith(("_s", "per_s")):
                 assert got[rollout_id][key] == pytest.approx(value, abs=1e-6), (rollout_id, key)
         whole_tokens = (tmp_path / "whole" / "trajectories" / f"rollout_{rollout_id:05d}.jsonl").read_text()
         resumed_tokens = (tmp_path / "resumed" / "trajectories" / f"rollout_{rollout_id:05d}.jsonl").read_text()

@@ -243,3 +243,8 @@ def test_a_restored_pipeline_trains_every_prompt_exactly_once(tmp_path):
     replayed = {g[0]["group_id"] for g in state["groups"]}
     restarted = {s.group_id for _, b in more for s in b.samples if s.metadata.get("restarted")}
     assert restarted == replayed & {g[0].group_id for _, b in more for g in b.groups}
+    # the ledger says the same: each trained once, the replayed ones restarted once
+    entries = end["ledger"]["entries"]
+    assert sorted(e["group_id"] for e in entries if e["state"] == "trained") == sorted(trained)
+    assert {e["group_id"] for e in entries if e["restarts"]} == replayed
+    assert {e["state"] for e in entries if e["group_id"] in untrained} <= {"in_flight", "finished"}

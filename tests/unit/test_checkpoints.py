@@ -11,10 +11,14 @@ import pytest
 
 from agentrl.errors import ConfigError
 from agentrl.orchestration.checkpoints import (
+    MANIFEST,
+    PIPELINE_FILE,
+    check_resumable,
     checkpoint_folder,
     checkpoint_problem,
     latest_checkpoint,
     mark_latest,
+    publish_checkpoint,
 )
 
 
@@ -115,3 +119,53 @@ def test_loading_one_damaged_folder_names_it(tmp_path: Path) -> None:
 def test_a_folder_without_checkpoints_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no checkpoint there"):
         latest_checkpoint(tmp_path / "nothing")
+
+
+def fake_files(folder: Path, tag: bytes = b"w") -> None:
+    (folder / "__0_0.distcp").write_bytes(tag * 64)
+    (folder / "common.pt").write_bytes(b"c" * 8)
+    (folder / "data.json").write_text("{}")
+
+
+class Killed(Exception):
+    """Stands in for a SIGKILL in the middle of a save."""
+
+
+def test_a_save_killed_midway_leaves_the_previous_checkpoint_usable(tmp_path: Path) -> None:
+    first = publish_checkpoint(tmp_path, 1, fake_files)
+
+    def dies_midway(folder: Path) -> None:
+        (folder / "__0_0.distcp").write_bytes(b"half")
+        raise Killed
+
+    with pytest.raises(Killed):
+        publish_checkpoint(tmp_path, 2, dies_midway)
+    assert not checkpoint_folder(tmp_path, 2).exists()  # nothing under a checkpoint's name
+    assert latest_checkpoint(tmp_path, report=None) == first
+    second = publish_checkpoint(tmp_path, 2, fake_files)  # the next save clears the leftovers
+    assert latest_checkpoint(tmp_path, report=None) == second
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "rollout_00001", "rollout_00002"]
+
+
+def test_a_stale_folder_of_a_killed_save_is_replaced_not_resealed(tmp_path: Path) -> None:
+    publish_checkpoint(tmp_path, 1, fake_files)
+    stale = checkpoint_folder(tmp_path, 2)  # an in-place save of another version, never sealed
+    stale.mkdir()
+    (stale / "__1_0.distcp").write_bytes(b"old shard")
+    folder = publish_checkpoint(tmp_path, 2, lambda f: fake_files(f, b"n"))
+    assert not (folder / "__1_0.distcp").exists()
+    assert set(json.loads((folder / MANIFEST).read_text())["files"]) == {
+        "__0_0.distcp", "common.pt", "data.json"}
+    assert checkpoint_problem(folder) is None
+
+
+def test_an_async_checkpoint_is_not_resumed_synchronously(tmp_path: Path) -> None:
+    def with_groups(folder: Path) -> None:
+        fake_files(folder)
+        (folder / PIPELINE_FILE).write_text(json.dumps({"trained_groups": 4, "groups": [[{}]]}))
+
+    folder = publish_checkpoint(tmp_path, 1, with_groups)
+    with pytest.raises(ConfigError, match="resume it with --async-training"):
+        check_resumable(folder, async_training=False)
+    check_resumable(folder, async_training=True)
+    check_resumable(publish_checkpoint(tmp_path, 2, fake_files), async_training=False)
