@@ -248,3 +248,34 @@ def test_a_restored_pipeline_trains_every_prompt_exactly_once(tmp_path):
     assert sorted(e["group_id"] for e in entries if e["state"] == "trained") == sorted(trained)
     assert {e["group_id"] for e in entries if e["restarts"]} == replayed
     assert {e["state"] for e in entries if e["group_id"] in untrained} <= {"in_flight", "finished"}
+
+
+def test_an_eval_rollout_stopping_its_episodes_leaves_the_pipelines_alone(tmp_path):
+    from agentrl.rollout.build import eval_context
+    from agentrl.rollout.runner import RolloutRunner
+
+    # training groups take a while per turn; the eval needs 1 of 3 quick groups, then stops
+    # the other 2 (its stop flag) while the pipeline's episodes are mid-way
+    pipeline, runner, source = pipeline_for(
+        tmp_path, K=1, B=2, n=1, delay=lambda rid: 0.0 if rid.startswith("reval") else 0.1)
+
+    async def scenario():
+        engine = runner.ctx.engine
+        pipeline.start(0)
+        await asyncio.sleep(0.15)
+        evaluation = RolloutRunner(eval_context(runner.ctx), source, evaluation=True)
+        await evaluation.generate("eval0", num_groups=1, submit_size=3)
+        await evaluation.close()
+        batch = await pipeline.next_batch(0)
+        await engine.update_weights(version="1")
+        pipeline.published(1)
+        second = await pipeline.next_batch(1)
+        await pipeline.aclose()
+        return batch, second
+
+    batch, second = asyncio.run(scenario())
+    for b in (batch, second):
+        assert "rollout/aborted_groups" not in b.metrics
+        assert all(s.status is Status.COMPLETED and "restarted" not in s.metadata for s in b.samples)
+    assert not runner.ctx.stopping.is_set()
+    assert eval_context(runner.ctx).stopping is not runner.ctx.stopping  # each rollout its own
