@@ -112,6 +112,7 @@ class AsyncRollout:
         self._exhausted = False
         self._closing = False
         self._restored = False
+        self._last_batch_at = 0.0
         self._window = _Window()
         self.ledger = SampleLedger()
         """What became of every group started (saved with each checkpoint)."""
@@ -134,6 +135,7 @@ class AsyncRollout:
         if not self._restored:  # a fresh run, or one resumed from a synchronous checkpoint
             self._trained = self._live = engine_version * self.groups_per_batch
         self._engine_version = engine_version
+        self._last_batch_at = asyncio.get_running_loop().time()
         self._admission = asyncio.create_task(self._admit(), name="async-rollout-admission")
 
     def published(self, version: int) -> None:
@@ -191,8 +193,12 @@ class AsyncRollout:
         groups = sorted((g.samples for g in chosen), key=group_order)
         for sample in (s for g in groups for s in g):
             sample.metadata["trainer_version"] = t
-        wait_s = loop.time() - started
-        metrics = batch_metrics(groups, window.counts, window.admitted, wait_s)
+        now = loop.time()
+        wait_s, period_s = now - started, now - self._last_batch_at
+        self._last_batch_at = now
+        # rollout/wall_s (and tokens_per_s): the time the pipeline took to deliver this batch,
+        # since the previous one, most of it overlapped with training
+        metrics = batch_metrics(groups, window.counts, window.admitted, period_s)
         metrics.update(self._staleness_metrics(chosen, t))
         metrics.update({
             "async/trainer_wait_s": wait_s, "async/due_waits": due_waits,
