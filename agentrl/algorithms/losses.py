@@ -145,6 +145,16 @@ def policy_loss(
     return loss, metrics
 
 
+def _importance_ratio(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
+                      low: float, high: float) -> torch.Tensor:
+    """``[B, T]`` detached ``exp(old_logp - rollout_logp)``, once the shapes and the bounds
+    (``0 <= low <= high``) are checked."""
+    _check_shapes(mask, old_logp=old_logp, rollout_logp=rollout_logp)
+    if not 0.0 <= low <= high:
+        raise ValueError(f"need 0 <= --tis-clip-low ({low}) <= --tis-clip ({high})")
+    return torch.exp(old_logp.detach() - rollout_logp.detach())
+
+
 def tis_weights(
     old_logp: torch.Tensor,
     rollout_logp: torch.Tensor,
@@ -172,12 +182,8 @@ def tis_weights(
     Raises:
         ValueError: ``not 0 <= low <= high`` or shapes differ.
     """
-    _check_shapes(mask, old_logp=old_logp, rollout_logp=rollout_logp)
-    if not 0.0 <= low <= high:
-        raise ValueError(f"need 0 <= --tis-clip-low ({low}) <= --tis-clip ({high})")
-    with torch.no_grad():
-        weights = torch.exp(old_logp - rollout_logp).clamp(low, high)  # [B, T]
-        return torch.where(mask > 0, weights, torch.zeros_like(weights))
+    weights = _importance_ratio(old_logp, rollout_logp, mask, low, high).clamp(low, high)  # [B, T]
+    return torch.where(mask > 0, weights, torch.zeros_like(weights))
 
 
 def ratio_within_bounds(
@@ -207,12 +213,8 @@ def ratio_within_bounds(
     Raises:
         ValueError: ``not 0 <= low <= high`` or shapes differ.
     """
-    _check_shapes(mask, old_logp=old_logp, rollout_logp=rollout_logp)
-    if not 0.0 <= low <= high:
-        raise ValueError(f"need 0 <= --tis-clip-low ({low}) <= --tis-clip ({high})")
-    with torch.no_grad():
-        rho = torch.exp(old_logp - rollout_logp)  # [B, T]
-        return ((mask > 0) & (rho >= low) & (rho <= high)).to(mask.dtype)  # [B, T]
+    rho = _importance_ratio(old_logp, rollout_logp, mask, low, high)  # [B, T]
+    return ((mask > 0) & (rho >= low) & (rho <= high)).to(mask.dtype)  # [B, T]
 
 
 def mis_weights(
@@ -248,9 +250,8 @@ def mis_weights(
     Raises:
         ValueError: ``not 0 <= low <= high`` or shapes differ.
     """
-    keep = ratio_within_bounds(old_logp, rollout_logp, mask, low=low, high=high)  # [B, T]
-    with torch.no_grad():
-        return torch.exp(old_logp - rollout_logp) * keep  # [B, T]
+    rho = _importance_ratio(old_logp, rollout_logp, mask, low, high)  # [B, T]
+    return rho * ((mask > 0) & (rho >= low) & (rho <= high)).to(rho.dtype)  # [B, T]
 
 
 def importance_ratio_stats(

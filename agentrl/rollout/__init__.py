@@ -40,6 +40,8 @@ _LAZY = {
     "RolloutContext": "agentrl.rollout.episode",
     "RolloutBatch": "agentrl.rollout.runner",
     "RolloutRunner": "agentrl.rollout.runner",
+    "AsyncRollout": "agentrl.rollout.pipeline",
+    "SampleLedger": "agentrl.rollout.ledger",
     "RolloutDataSource": "agentrl.rollout.data",
     "RolloutDataSourceWithBuffer": "agentrl.rollout.buffer",
     "load_data_source": "agentrl.rollout.data",
