@@ -4,6 +4,7 @@ its machine died, by killing every process of that session."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -97,10 +98,8 @@ class LocalRayCluster:
             if not pids:
                 break
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError):  # it died meanwhile
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             time.sleep(0.05)
         node.process.wait(timeout=30)
 
