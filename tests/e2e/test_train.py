@@ -77,8 +77,7 @@ def test_resumed_run_equals_an_uninterrupted_one(tmp_path):
                     "--load", str(tmp_path / "ckpt"), cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout and "rollout 1" in resumed.stdout
-    # the later folders of the first run were replaced by the resumed run's saves
-    assert (tmp_path / "ckpt" / "latest").read_text().strip() == "rollout_00003"
+    assert (tmp_path / "resumed" / "checkpoints" / "latest").read_text().strip() == "rollout_00003"
     evals = {run: [json.loads(line) for line in (tmp_path / run / "eval.jsonl").read_text().splitlines()]
              for run in ("whole", "resumed")}
     assert [e["step"] for e in evals["whole"]] == [0, 2, 3] and [e["step"] for e in evals["resumed"]] == [2, 3]
