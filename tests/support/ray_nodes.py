@@ -4,7 +4,6 @@ its machine died, by killing every process of that session."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -98,8 +97,10 @@ class LocalRayCluster:
             if not pids:
                 break
             for pid in pids:
-                with contextlib.suppress(ProcessLookupError):  # it died meanwhile
+                try:
                     os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             time.sleep(0.05)
         node.process.wait(timeout=30)
 
