@@ -102,16 +102,12 @@ def test_resumed_run_equals_an_uninterrupted_one(tmp_path):
 
 
 def test_engine_actors_colocated_and_with_weights_on_disk(tmp_path):
-    # asynchronous: engine actors keep playing while the trainer trains; pushes land in flight
     disk = train(*TINY_RUN, "--num-rollout", "2", "--rollout-num-gpus", "2", "--weight-sync", "disk",
-                 "--async-training", "--output-dir", str(tmp_path / "disk"), cwd=tmp_path)
+                 "--output-dir", str(tmp_path / "disk"), cwd=tmp_path)
     assert disk.returncode == 0, disk.stderr[-3000:]
     assert [p.name for p in (tmp_path / "disk" / "weights").iterdir()] == ["v2"]  # older ones pruned
-    second = [json.loads(line) for line in
-              (tmp_path / "disk" / "trajectories" / "rollout_00001.jsonl").read_text().splitlines()]
-    for sample in second:  # each token's version, from the engine actors; at most one behind
-        trained = [v for v, m in zip(sample["token_versions"], sample["loss_mask"], strict=True) if m]
-        assert trained and set(trained) <= {0, 1} and sample["metadata"]["trainer_version"] == 1
+    second = (tmp_path / "disk" / "trajectories" / "rollout_00001.jsonl").read_text().splitlines()
+    assert {json.loads(line)["weight_version"] for line in second} == {"1"}
 
     colocated = train(*TINY_RUN, "--num-rollout", "2", "--colocate", "--output-dir",
                       str(tmp_path / "colocated"), cwd=tmp_path)
@@ -144,8 +140,7 @@ ray.kill(victim, no_restart=True)
 
 def test_engine_killed_mid_run_on_a_joined_ray_cluster(tmp_path):
     """train.py joins a running Ray cluster (--ray-address); an engine actor is killed from outside
-    during rollout 0; with --use-fault-tolerance every rollout still has every sample once. The
-    episodes' sandboxes run on the cluster's node that offers them (--sandbox-placement ray)."""
+    during rollout 0; with --use-fault-tolerance every rollout still has every sample once."""
     import os
     import secrets
     import signal
@@ -159,7 +154,6 @@ def test_engine_killed_mid_run_on_a_joined_ray_cluster(tmp_path):
            "PYTHONPATH": str(REPO)}
     ray_bin = Path(sys.executable).with_name("ray")
     head = subprocess.Popen([str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=4",
-                             "--resources", json.dumps({"sandbox": 4}),
                              "--include-dashboard=false", "--disable-usage-stats"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -170,8 +164,7 @@ def test_engine_killed_mid_run_on_a_joined_ray_cluster(tmp_path):
                                 "--rollout-batch-size", "4", "--rollout-max-response-len", "32",
                                 "--rollout-num-gpus", "2", "--use-fault-tolerance",
                                 "--rollout-health-check-interval", "1", "--ray-address", address,
-                                "--env", "math-python", "--env-kwarg", "sandbox=process",
-                                "--sandbox-placement", "ray", "--output-dir", str(out)], env=env,
+                                "--output-dir", str(out)], env=env,
                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         killer = subprocess.run([sys.executable, "-c", KILL_ENGINE_0, address, str(run.pid)], env=env,
                                 capture_output=True, text=True, timeout=600)
@@ -181,10 +174,8 @@ def test_engine_killed_mid_run_on_a_joined_ray_cluster(tmp_path):
         assert "engine 0 lost" in stderr  # (the restart itself is tested in test_engine_group.py)
         for rollout in ("rollout_00000", "rollout_00001"):
             lines = (out / "trajectories" / f"{rollout}.jsonl").read_text().splitlines()
-            samples = [json.loads(x) for x in lines]
-            keys = [(s["group_id"], s["index"]) for s in samples]
+            keys = [(json.loads(x)["group_id"], json.loads(x)["index"]) for x in lines]
             assert len(keys) == 8 and len(set(keys)) == 8
-            assert all(s["status"] != "failed" for s in samples), [s["metadata"].get("error") for s in samples]
     finally:
         if run is not None and run.poll() is None:
             run.kill()
