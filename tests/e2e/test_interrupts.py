@@ -236,8 +236,9 @@ def test_a_signal_to_the_process_group_during_a_save_names_a_complete_checkpoint
     saves = tmp_path / "run" / "checkpoints"
     run = train(*SWE_RUN, *_backend("bwrap"), "--num-rollout", "3", "--save-interval", "1",
                 tmp_path=tmp_path)
-    # the second save has begun: the first is sealed, the second being written
-    run.wait_for(lambda: (saves / "rollout_00002").exists(), "the second save", timeout=600)
+    # the second save has begun: the first is sealed, the second being written (in its
+    # staging folder, renamed to rollout_00002 once complete)
+    run.wait_for(lambda: (saves / ".rollout_00002.partial").exists(), "the second save", timeout=600)
     run.signal(signum, group=True)  # Ray's own processes get it too
     code, stderr = run.finish()
     assert code == 128 + signum, stderr[-3000:]

@@ -372,8 +372,11 @@ def test_train_py_uses_an_already_running_vllm_server(server, tmp_path):
              "--output-dir", str(out), "--lr", "1e-2", "--custom-rm-path", str(rm)],
             cwd=tmp_path, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
-        second = (out / "trajectories" / "rollout_00001.jsonl").read_text().splitlines()
-        assert {json.loads(line)["weight_version"] for line in second} == {"1"}
+        second = [json.loads(line) for line in (out / "trajectories" / "rollout_00001.jsonl").read_text().splitlines()]
+        assert {s["weight_version"] for s in second} == {"1"}
+        for sample in second:  # each token's version, read from vLLM's weight-version spans
+            assert {v for v, m in zip(sample["token_versions"], sample["loss_mask"], strict=True) if m} == {1}
+            assert "versions_inexact" not in sample["metadata"]
         with urllib.request.urlopen(f"{server}/weight_info") as answer:
             assert json.load(answer)["weight_version"] == "2"  # the server outlives the run
     finally:
