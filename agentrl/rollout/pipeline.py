@@ -63,6 +63,7 @@ class _Group:
     fresh: list[dict[str, Any]]  # the samples as admitted, to be played again after a restart
     task: asyncio.Task[None] | None = None
     finished: int | None = None  # completion order, once played and judged
+    _final_oldest: int | None = None  # oldest(), fixed once the group is finished
 
     @property
     def group_id(self) -> Any:
@@ -70,8 +71,14 @@ class _Group:
 
     def oldest(self) -> int:
         """The oldest version among the group's tokens so far (for a running group, a lower
-        bound: its first tokens may still be in flight, sampled at ``admitted`` or later)."""
-        return min(s.oldest_version(default=self.admitted) for s in self.samples)  # type: ignore[type-var]
+        bound: its first tokens may still be in flight, sampled at ``admitted`` or later).
+        A finished group's tokens no longer change: it is read once, not on every batch."""
+        if self._final_oldest is not None:
+            return self._final_oldest
+        oldest = min(s.oldest_version(default=self.admitted) for s in self.samples)  # type: ignore[type-var]
+        if self.finished is not None:
+            self._final_oldest = oldest
+        return oldest
 
 
 class AsyncRollout:
@@ -347,8 +354,9 @@ class AsyncRollout:
 
     def _check(self, chosen: list[_Group], t: int) -> None:
         for group in chosen:
-            if t - group.oldest() > self.max_staleness:
-                raise StalenessError(f"group {group.group_id} is {t - group.oldest()} versions "
+            age = t - group.oldest()
+            if age > self.max_staleness:
+                raise StalenessError(f"group {group.group_id} is {age} versions "
                                      f"old at trainer version {t}, over --max-staleness "
                                      f"{self.max_staleness}")
 
