@@ -148,9 +148,9 @@ def test_cheat_a_background_process_during_grading_scores_0(env_of: Any) -> None
     env = env_of("sum")
     # It would copy the expected answer the moment the tests appear, and rewrite the answer file.
     cheat = ("nohup sh -c 'while :; do cp /tests/expected.txt /app/answer.txt 2>/dev/null; sleep 0.01; done' "
-             ">/dev/null 2>&1 & sleep 0.3; echo running=$(pgrep -c -f 'cp /tests/expected')")
+             ">/dev/null 2>&1 & loop=$!; sleep 0.3; kill -0 $loop && echo cheat-running")
     reward, outputs, _ = play(env, [bash(cheat), SUBMIT])
-    assert "running=1" in outputs[0]  # it was running when the agent submitted
+    assert "cheat-running" in outputs[0]  # it was running when the agent submitted
     assert reward == 0.0
 
 

@@ -313,12 +313,18 @@ def test_abort_and_pause_mid_rollout_lose_no_sample(server):
             episodes = calc_episodes(engine, groups=3, max_response_len=400)
             target = episodes[0][1].rsplit("-s", 1)[0] + "-"  # the first group's episodes
             tasks = [asyncio.create_task(episode.run()) for episode, _ in episodes]
-            aborted = 0
-            while not aborted and not all(t.done() for t in tasks):
+            targeted = [task for task, (_, rid) in zip(tasks, episodes, strict=True) if rid.startswith(target)]
+
+            def target_aborted() -> bool:
+                return any(t.done() and t.result().status is Status.ABORTED for t in targeted)
+
+            # An abort that reaches the server as the request finishes finds nothing to stop:
+            # that turn ends normally, so the group's next request is aborted instead.
+            while not target_aborted() and not all(t.done() for t in targeted):
                 if any(rid.startswith(target) for rid in engine._running):
-                    aborted = await engine.abort(target)
+                    await engine.abort(target)
                 await asyncio.sleep(0.05)
-            assert aborted >= 1
+            assert target_aborted()
             await engine.pause("in_place")
             finished = recording.finished()
             await asyncio.sleep(2.0)
