@@ -14,7 +14,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 ROWS = 16
-ITERATIONS = 12
+ITERATIONS = 18
 RUN = ["--env", "calc", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
        "--max-turns", "2", "--rollout-max-response-len", "12", "--num-rollout", str(ITERATIONS),
        "--async-training", "--save-interval", "1", "--no-use-ray", "--no-progress"]
@@ -39,22 +39,37 @@ def test_sigkill_at_random_instants_ten_times_loses_and_repeats_no_prompt(tmp_pa
     rng = random.Random(18)
     marker = tmp_path / "ckpt" / "latest"
     kills = []
+    startup_s, iteration_s = 4.0, 1.0  # measured from the launches as they go
+
+    def saved() -> str | None:
+        return marker.read_text() if marker.is_file() else None
+
+    def wait_for_a_save(process: subprocess.Popen[str], than: str | None) -> None:
+        until = time.monotonic() + 120
+        while saved() == than and process.poll() is None and time.monotonic() < until:
+            time.sleep(0.02)
+
+    # Kills are placed by the run's progress, not by the clock, so that a fast machine does not
+    # finish the run before the tenth kill: a launch trains at most about two iterations.
     for i in range(10):
-        before = marker.read_text() if marker.is_file() else None
+        before = saved()
+        started = time.monotonic()
         process = launch(tmp_path, load=before is not None)
-        if i % 3 == 0:  # anywhere: most often during start-up
-            delay = rng.uniform(1.0, 12.0)
+        if i % 3 == 0:  # anywhere in start-up or the first iteration
+            delay = rng.uniform(1.0, startup_s)
             time.sleep(delay)
         else:  # once this launch has saved: a rollout, training, a push or the next save
-            until = time.monotonic() + 120
-            while (marker.read_text() if marker.is_file() else None) == before and \
-                    process.poll() is None and time.monotonic() < until:
-                time.sleep(0.05)
-            delay = rng.uniform(0.0, 2.5)
+            wait_for_a_save(process, before)
+            startup_s = max(1.5, time.monotonic() - started)
+            first = saved()
+            if i == 1:  # one whole iteration of this machine, timed once
+                wait_for_a_save(process, first)
+                iteration_s = max(0.2, time.monotonic() - started - startup_s)
+            delay = rng.uniform(0.0, 0.8 * iteration_s)
             time.sleep(delay)
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
-        kills.append((i, round(delay, 2), process.wait()))
+        kills.append((i, round(delay, 2), process.wait(), saved()))
     final = launch(tmp_path, load=(tmp_path / "ckpt" / "latest").is_file())
     deadline = time.monotonic() + 300
     while final.poll() is None and time.monotonic() < deadline:
@@ -63,24 +78,29 @@ def test_sigkill_at_random_instants_ten_times_loses_and_repeats_no_prompt(tmp_pa
         os.killpg(final.pid, signal.SIGKILL)
     log = (tmp_path / "log.txt").read_text()
     assert final.wait() == 0, f"kills {kills}\n{log[-4000:]}"
-    assert all(code == -signal.SIGKILL for *_, code in kills), kills
+    assert all(code == -signal.SIGKILL for _, _, code, _ in kills), f"kills {kills}\n{log[-6000:]}"
 
     ckpt = tmp_path / "ckpt"
     last = ckpt / (ckpt / "latest").read_text().strip()
     assert last.name == f"rollout_{ITERATIONS:05d}"
-    ledger = json.loads((last / "pipeline.json").read_text())["ledger"]["entries"]
+    state = json.loads((last / "pipeline.json").read_text())["ledger"]
+    ledger = state["entries"]
     trained = [e for e in ledger if e["state"] == "trained"]
-    assert len(trained) == ITERATIONS * 2  # two groups an iteration
-    first_epoch = sorted(e["row"] for e in trained if e["epoch"] == 0)
-    assert first_epoch == sorted(f"{tmp_path / 'tasks.jsonl'}:{i + 1}" for i in range(ROWS))
-    rows_of_epoch_1 = [e["row"] for e in trained if e["epoch"] == 1]
-    assert len(rows_of_epoch_1) == len(set(rows_of_epoch_1))
-    # the trajectories the final lineage trained on are the ledger's trained groups, each once
+    # 18 iterations of 2 groups: epoch 0 (16 rows, folded into a count by now), epoch 1 (16
+    # rows, kept row by row) and 4 groups of epoch 2
+    assert state["folded"] == {"0": ROWS} and len(trained) == ITERATIONS * 2 - ROWS
+    every_row = sorted(f"{tmp_path / 'tasks.jsonl'}:{i + 1}" for i in range(ROWS))
+    assert sorted(e["row"] for e in trained if e["epoch"] == 1) == every_row
+    rows_of_epoch_2 = [e["row"] for e in trained if e["epoch"] == 2]
+    assert len(rows_of_epoch_2) == len(set(rows_of_epoch_2)) == 4
+    # the trajectories the final lineage trained on: every group once, the ledger's among them
     files = sorted((tmp_path / "run" / "trajectories").glob("rollout_*.jsonl"))
     assert len(files) == ITERATIONS
-    groups = [json.loads(line)["group_id"] for f in files for line in f.read_text().splitlines()]
+    lines = [json.loads(line) for f in files for line in f.read_text().splitlines()]
+    groups = [line["group_id"] for line in lines]
     assert len(groups) == ITERATIONS * 2 * 2 and len(set(groups)) == ITERATIONS * 2
-    assert set(groups) == {e["group_id"] for e in trained}
-    assert "resumed from" in log and any(e["restarts"] for e in ledger)
+    assert {e["group_id"] for e in trained} <= set(groups)
+    # groups in flight at a kill were played again from their prompts, and say so
+    assert "resumed from" in log and any(line["metadata"].get("restarted") for line in lines)
     # the random-init model never solves calc: every group is flat, which is said loudly
     assert "WARNING: dead run" in log
