@@ -79,7 +79,8 @@ CLOSE_ALL_TIMEOUT_S = 120.0
 """How long a host may take to close the sandboxes it still holds when the run ends."""
 HOST_START_TIMEOUT_S = 120.0
 """How long a new host has to start; one that is still waiting for its node's ``sandbox``
-resource then (another run holds it) is given up, and tried again at a later poll."""
+resource then (another run holds it) is given up, and tried again at a later poll. While no host
+runs and the last start on every sandbox node failed, a new sandbox fails with the reasons."""
 POLL_INTERVAL_S = 5.0
 """How often the cluster's nodes are listed again (new sandbox nodes join, gone ones leave)."""
 NO_NODE_TIMEOUT_S = 120.0
@@ -196,18 +197,22 @@ class SandboxHosts:
         no_node_timeout_s: How long :meth:`pick` waits while no sandbox node exists.
         call_margin_s: How long past its own timeout a call may run before its host is probed.
         probe_timeout_s: How long a probed host has to answer.
+        host_start_timeout_s: How long a new host has to start.
     """
 
     def __init__(self, launcher: HostLauncher, *, poll_interval_s: float = POLL_INTERVAL_S,
                  no_node_timeout_s: float = NO_NODE_TIMEOUT_S, call_margin_s: float = CALL_MARGIN_S,
-                 probe_timeout_s: float = PROBE_TIMEOUT_S) -> None:
+                 probe_timeout_s: float = PROBE_TIMEOUT_S,
+                 host_start_timeout_s: float = HOST_START_TIMEOUT_S) -> None:
         self.launcher = launcher
+        self.host_start_timeout_s = host_start_timeout_s
         self.poll_interval_s = poll_interval_s
         self.no_node_timeout_s = no_node_timeout_s
         self.call_margin_s = call_margin_s
         self.probe_timeout_s = probe_timeout_s
         self._hosts: dict[str, SandboxHost] = {}
         self._starting: dict[str, asyncio.Task[None]] = {}
+        self._start_failures: dict[str, str] = {}  # node id -> why its last host did not start
         self._polled_at = -float("inf")
         self._changed: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Event] = (
             weakref.WeakKeyDictionary())
@@ -229,7 +234,8 @@ class SandboxHosts:
         has started yet.
 
         Raises:
-            SandboxError: No sandbox node appeared within ``no_node_timeout_s``.
+            SandboxError: No sandbox node appeared within ``no_node_timeout_s``, or no host
+                could start on any of them (each start gets ``host_start_timeout_s``).
         """
         since = time.monotonic()
         while True:
@@ -237,6 +243,9 @@ class SandboxHosts:
             changed.clear()  # before looking: a release from now on wakes the wait below
             best = self._freest()
             now = time.monotonic()
+            if best is None and not self._hosts and not self._starting and self._start_failures:
+                raise SandboxError("no sandbox host could start on any Ray node offering a "
+                                   f"`{SANDBOX_RESOURCE}` resource: " + "; ".join(self._start_failures.values()))
             if now - self._polled_at >= (self.poll_interval_s if best else 1.0):
                 await self._poll()
                 best = self._freest()
@@ -284,6 +293,9 @@ class SandboxHosts:
         for node_id, host in list(self._hosts.items()):
             if node_id not in nodes:
                 self.drop(host, "its node left the cluster")
+        for node_id in list(self._start_failures):
+            if node_id not in nodes:
+                del self._start_failures[node_id]
         for node in nodes.values():
             if node.node_id not in self._hosts and node.node_id not in self._starting:
                 task = asyncio.get_running_loop().create_task(self._start_host(node))
@@ -298,16 +310,20 @@ class SandboxHosts:
     async def _start_host(self, node: NodeInfo) -> None:
         handle = self.launcher.start(node)
         try:
-            await asyncio.wait_for(handle.stats.remote(), HOST_START_TIMEOUT_S)
+            await asyncio.wait_for(handle.stats.remote(), self.host_start_timeout_s)
         except asyncio.CancelledError:  # the pools are closing
             self.launcher.kill(handle)
             raise
         except Exception as exc:  # noqa: BLE001 - the node stays unused until a later poll
-            log.warning("no sandbox host started on node %s (%s) within %g s: %r; is another run "
-                        "using it (one run per sandbox node)?", node.address, node.node_id[:8],
-                        HOST_START_TIMEOUT_S, exc)
+            why = (f"node {node.address} ({node.node_id[:8]}) started no host within "
+                   f"{self.host_start_timeout_s:g} s ({exc!r}); is another run using it (one run per "
+                   "sandbox node), or can its raylet not start workers?")
+            log.warning("%s", why)
+            self._start_failures[node.node_id] = why
             self.launcher.kill(handle)
+            self._wake()
             return
+        self._start_failures.pop(node.node_id, None)
         self._hosts[node.node_id] = SandboxHost(node, handle)
         log.info("sandbox host started on node %s (%s), %d sandboxes at once", node.address,
                  node.node_id[:8], node.capacity)

@@ -67,8 +67,8 @@ class LocalRayCluster:
     def start_head(self) -> RayNode:
         """The head: the GCS, and one CPU for drivers' tasks; no sandboxes."""
         port = self.address.rsplit(":", 1)[1]
-        return self._start("head", ["--head", f"--port={port}", "--num-cpus=1",
-                                    "--include-dashboard=false", f"--temp-dir={self.root / 'ray'}"], {})
+        return self._start("head", ["--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
+                                    f"--ray-client-server-port={free_port()}"], {})
 
     def add_node(self, name: str, sandboxes: int) -> RayNode:
         """A node offering ``sandboxes`` sandboxes and no CPUs for other work."""
@@ -79,10 +79,17 @@ class LocalRayCluster:
         root = self.root / f"sandboxes-{name}"
         root.mkdir(parents=True)
         resources = {**resources, f"test_node_{name}": 1}
+        # Ray's fixed default ports and its default /tmp/ray are shared with any other Ray
+        # instance on this machine (an earlier test's, a run's): a node that collides with one
+        # joins the cluster but never starts a worker. Each node gets ports and files of its own.
+        ports = [f"--{flag}={free_port()}" for flag in (
+            "node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
+            "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")]
         process = subprocess.Popen(
             [self._ray, "start", "--block", "--disable-usage-stats", "--node-ip-address=127.0.0.1",
              "--include-log-monitor=false", f"--object-store-memory={OBJECT_STORE_BYTES}",
-             f"--resources={json.dumps(resources)}", *args],
+             f"--resources={json.dumps(resources)}", f"--temp-dir={self.root / ('ray-' + name)}",
+             *ports, *args],
             env={**self.env, "AGENTRL_SANDBOX_ROOT": str(root)}, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, start_new_session=True)
         node = RayNode(name, process, root)
@@ -105,10 +112,10 @@ class LocalRayCluster:
         node.process.wait(timeout=30)
 
     def stop(self) -> None:
-        """Kills every node, newest first, then removes Ray's files."""
+        """Kills every node, newest first, then removes their Ray files."""
         for node in reversed(self.nodes):
             self.kill(node)
-        shutil.rmtree(self.root / "ray", ignore_errors=True)
+            shutil.rmtree(self.root / f"ray-{node.name}", ignore_errors=True)
 
 
 def _session_pids(session: int) -> list[int]:

@@ -161,6 +161,26 @@ def episode_ctx(factory: EnvFactory, config: RolloutConfig) -> RolloutContext:
                           2048, factory)
 
 
+def test_a_node_whose_host_never_starts_fails_new_sandboxes_with_the_reason():
+    """A node Ray lists but never places the host on (another run holds its resource, or its
+    raylet cannot start workers) fails the sandbox after one start timeout; it does not wait."""
+    class NeverStarts(FakeLauncher):
+        def start(self, node: NodeInfo) -> FakeHost:
+            host = super().start(node)
+            host.dead = True  # the actor is never scheduled: nothing it is asked answers
+            return host
+
+    async def main() -> None:
+        launcher = NeverStarts(NODE_A)
+        hosts = SandboxHosts(launcher, poll_interval_s=0.05, host_start_timeout_s=0.2)
+        with pytest.raises(SandboxError, match=r"no sandbox host could start .*node 10.0.0.1 "
+                                               r"\(node-a\) started no host within 0.2 s"):
+            await asyncio.wait_for(hosts.pick(), 5)
+        assert launcher.started["node-a"].killed and hosts.hosts == []
+
+    asyncio.run(main())
+
+
 def test_a_lost_sandbox_fails_the_episode_not_the_tool_call():
     launcher = FakeLauncher(NODE_A, dying=("node-a",))
     hosts = fast_hosts(launcher)
