@@ -54,7 +54,7 @@ async def main(argv: list[str]) -> None:
                        prog="train.py") as stop:
         async with contextlib.AsyncExitStack() as closing:
             log = closing.enter_context(RunLog.from_config(args))
-            envs = env_factory(rollout)  # every env of the run: rollouts, data, eval (one sandbox pool)
+            envs = env_factory(rollout, args.cluster)  # every env of the run: rollouts, data, eval (one sandbox pool)
             if envs is not None:
                 closing.push_async_callback(envs.aclose)
             data = load_data_source(rollout, envs)  # the prompts: read and checked before anything heavy

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agentrl.env.core import ToolEnv
@@ -63,9 +63,15 @@ class EnvFactory:
         max_turns: ``--max-turns``; ``None`` keeps each env's own default.
         tool_call_format: How the model writes tool calls.
         sandbox_pools: Pools the run's sandboxed envs share (``None``: the factory creates one
-            set on first use and closes it in :meth:`aclose`).
+            set on first use, with ``make_sandbox_pools``, and closes it in :meth:`aclose`).
         mcp_pool: Where the run's envs share their ``lifetime="run"`` MCP servers (``None``:
             the factory creates one on first use and closes it in :meth:`aclose`).
+        make_sandbox_pools: Makes the pools the factory creates: local sandboxes by default;
+            :class:`agentrl.orchestration.sandbox_hosts.RemoteSandboxPools` puts them on Ray
+            nodes (``--sandbox-placement ray``).
+        sandbox_retries: How many times an episode whose sandbox was lost (its node died,
+            :class:`~agentrl.sandbox.SandboxLost`) is played again from its start
+            (``--use-fault-tolerance``); 0: it stays failed.
 
     Raises:
         UnknownEnvError: ``env_id`` is not registered (raised here, at start-up).
@@ -80,13 +86,19 @@ class EnvFactory:
         tool_call_format: str = "hermes",
         sandbox_pools: SandboxPools | None = None,
         mcp_pool: McpPool | None = None,
+        make_sandbox_pools: Callable[[], SandboxPools] = SandboxPools,
+        sandbox_retries: int = 0,
     ) -> None:
+        if sandbox_retries < 0:
+            raise ValueError(f"sandbox_retries must be >= 0, got {sandbox_retries}")
         self.env_id = env_id
         self.env_kwargs = dict(env_kwargs or {})
         self.max_turns = max_turns
         self.tool_call_format = tool_call_format
         self._own_pools = sandbox_pools is None
         self.sandbox_pools = sandbox_pools
+        self._make_sandbox_pools = make_sandbox_pools
+        self.sandbox_retries = sandbox_retries
         self._own_mcp = mcp_pool is None
         self.mcp_pool = mcp_pool
         self._spec = env_spec(env_id)
@@ -177,7 +189,7 @@ class EnvFactory:
 
     def _pools(self) -> SandboxPools:
         if self.sandbox_pools is None:
-            self.sandbox_pools = SandboxPools()
+            self.sandbox_pools = self._make_sandbox_pools()
             self._own_pools = True
         return self.sandbox_pools
 

@@ -17,10 +17,10 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from agentrl.env.core import EpisodeState, ToolEnv
-from agentrl.sandbox import Limits, Sandbox, SandboxPool, SandboxPools, resolve_backend
+from agentrl.sandbox import BACKENDS, Limits, Sandbox, SandboxPool, SandboxPools, resolve_backend
 
 _log = logging.getLogger(__name__)
 
@@ -78,7 +78,8 @@ class SandboxedToolEnv(ToolEnv):
 
     Args:
         sandbox: Backend name (``auto``, ``bwrap``, ``docker``, ``process``); resolved once,
-            when the env is built, so a missing backend fails early with instructions.
+            when the env is built, so a missing backend fails early with instructions (with
+            remote ``sandbox_pools``, on the machine each sandbox runs on instead).
         limits: Resource limits of each episode's sandbox.
         max_concurrent_sandboxes: Sandboxes alive at once over every episode that draws from
             the same ``sandbox_pools`` (with the same backend, limits and this value); more
@@ -96,6 +97,10 @@ class SandboxedToolEnv(ToolEnv):
     """
 
     default_limits = Limits()
+    local_sandboxes_only: ClassVar[str | None] = None
+    """Why this env's sandboxes must run on the driver's machine (``--sandbox-placement ray``
+    is then refused with this reason), e.g. it reads their files through host paths; ``None``:
+    they may run on any node."""
 
     def __init__(
         self,
@@ -112,12 +117,17 @@ class SandboxedToolEnv(ToolEnv):
             raise TypeError(
                 f"sandbox_pools must be an agentrl.sandbox.SandboxPools, got {type(sandbox_pools).__name__}"
             )
-        self.sandbox_backend = resolve_backend(sandbox)
+        self._owns_pools = sandbox_pools is None
+        self.sandbox_pools = SandboxPools() if sandbox_pools is None else sandbox_pools
+        if not self.sandbox_pools.remote:
+            self.sandbox_backend = resolve_backend(sandbox)
+        elif sandbox in BACKENDS:  # `auto` means what each sandbox's own node has
+            self.sandbox_backend = sandbox
+        else:
+            raise ValueError(f"unknown sandbox backend {sandbox!r}; choose one of {BACKENDS}")
         self.limits = limits or self.default_limits
         self.max_concurrent_sandboxes = max_concurrent_sandboxes
         self.sandbox_options = dict(sandbox_options or {})
-        self._owns_pools = sandbox_pools is None
-        self.sandbox_pools = SandboxPools() if sandbox_pools is None else sandbox_pools
         self.sandbox: Sandbox | None = None
         self._pool: SandboxPool | None = None
 

@@ -30,10 +30,14 @@ if TYPE_CHECKING:
     from agentrl.rollout.sample import Sample
     from agentrl.trainer.config import TrainerConfig
 
-__all__ = ["RAY_NAMESPACE", "ClusterConfig", "TrainerGroup", "start_ray"]
+__all__ = ["RAY_NAMESPACE", "SANDBOX_PLACEMENTS", "ClusterConfig", "TrainerGroup", "start_ray"]
 
 RAY_NAMESPACE = "agentrl"
 """The Ray namespace of a run's named actors (engines: ``agentrl-engine-<driver pid>-<i>.<n>``)."""
+
+
+SANDBOX_PLACEMENTS = ("local", "ray")
+"""The choices of ``--sandbox-placement`` (see :mod:`agentrl.orchestration.sandbox_hosts`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +65,13 @@ class ClusterConfig:
                                                   "(with --use-fault-tolerance)")
     rollout_health_check_timeout: float = option(30.0, "seconds an engine may take to answer a "
                                                  "health check before it is restarted")
+    sandbox_placement: str = option(
+        "local", "where the envs' sandboxes run: local (on this machine) or ray (on the nodes of "
+        "the --ray-address cluster that offer a `sandbox` resource, started with `ray start "
+        "--address HEAD --resources '{\"sandbox\": 16}'`: as many sandboxes at once as that "
+        "amount, one run per such node; each episode's sandbox goes to the node with the most "
+        "free room and its tool calls run there; an episode whose node dies fails, and is "
+        "played again with --use-fault-tolerance)", choices=SANDBOX_PLACEMENTS)
 
     @property
     def world_size(self) -> int:
@@ -104,9 +115,14 @@ class ClusterConfig:
                 f"--colocate puts one engine on each trainer device: --rollout-num-gpus must be "
                 f"{self.world_size} (--actor-num-nodes x --actor-num-gpus-per-node) or unset, got "
                 f"{self.rollout_num_gpus}")
-        if self.use_fault_tolerance and not self.engine_actors:
+        if self.use_fault_tolerance and not self.engine_actors and self.sandbox_placement != "ray":
             raise ConfigError("--use-fault-tolerance restarts engine actors: add --rollout-num-gpus "
-                              "N (or --colocate); the default engine lives in the driver process")
+                              "N (or --colocate); the default engine lives in the driver process "
+                              "(with --sandbox-placement ray it also plays again the episodes "
+                              "whose sandbox node died)")
+        if self.sandbox_placement not in SANDBOX_PLACEMENTS:
+            raise ConfigError(f"--sandbox-placement must be one of {', '.join(SANDBOX_PLACEMENTS)}, "
+                              f"got {self.sandbox_placement!r}")
         for name in ("rollout_health_check_interval", "rollout_health_check_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{flag(name)} must be > 0, got {getattr(self, name)}")

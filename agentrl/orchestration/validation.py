@@ -10,6 +10,7 @@ Both raise :class:`~agentrl.errors.ConfigError` naming the flags and the fix;
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -172,6 +173,7 @@ def _check_eval(args: Args) -> None:
 
 
 def _check_placement(args: Args) -> None:
+    _check_sandbox_placement(args)
     rollout, trainer, cluster = args.rollout, args.trainer, args.cluster
     tensor_parallel = trainer.tensor_model_parallel_size
     if cluster.world_size % tensor_parallel:
@@ -210,6 +212,40 @@ def _check_placement(args: Args) -> None:
     if backend == "vllm" and cluster.rollout_num_gpus_per_engine != 1 and not _has_cuda():
         raise ConfigError("--rollout-num-gpus-per-engine above 1 makes tensor-parallel vLLM "
                           "servers, which need GPUs")
+
+
+def _check_sandbox_placement(args: Args) -> None:
+    """``--sandbox-placement ray`` needs Ray, a cluster to find sandbox nodes in, and envs whose
+    sandboxes work from another machine."""
+    cluster, rollout = args.cluster, args.rollout
+    if cluster.sandbox_placement != "ray":
+        return
+    if not cluster.use_ray:
+        raise ConfigError("--sandbox-placement ray runs the sandboxes on Ray nodes: drop "
+                          "--no-use-ray (or use --sandbox-placement local)")
+    if not cluster.ray_address:
+        raise ConfigError("--sandbox-placement ray runs the sandboxes on the nodes of a Ray cluster "
+                          "that offer a `sandbox` resource, and the Ray this run would start "
+                          "offers none: start the cluster with `ray start`, the sandbox nodes with "
+                          "`ray start --address HEAD --resources '{\"sandbox\": 16}'`, and pass "
+                          "--ray-address HEAD")
+    from agentrl.env.registry import env_spec
+    from agentrl.env.sandboxed import SandboxedToolEnv
+
+    for env_id in dict.fromkeys([*([rollout.env] if rollout.env else []), *rollout.eval_env]):
+        env_class = env_spec(env_id).load()
+        if not (inspect.isclass(env_class) and issubclass(env_class, SandboxedToolEnv)):
+            continue
+        in_sandbox = [server.label for server in env_class.mcp_servers if server.sandbox]
+        if in_sandbox:
+            raise ConfigError(
+                f"--sandbox-placement ray: env {env_id} runs MCP servers inside its sandboxes "
+                f"({', '.join(in_sandbox)}), which talk to this process over pipes that do not "
+                "reach another node: use --sandbox-placement local")
+        if env_class.local_sandboxes_only:
+            raise ConfigError(f"--sandbox-placement ray: env {env_id} needs its sandboxes on this "
+                              f"machine ({env_class.local_sandboxes_only}): use "
+                              "--sandbox-placement local")
 
 
 def _has_cuda() -> bool:

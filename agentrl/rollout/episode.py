@@ -29,6 +29,8 @@ a black-box agent returned                 completed    ``agent``
 a black-box agent ran past its timeout     truncated    ``agent_timeout``
 env, tool plumbing, policy or template     failed       ``error`` (``metadata["error"]``)
 crashed
+the sandbox's host died (SandboxLost)      failed       ``sandbox_lost`` (played again
+                                                        with ``--use-fault-tolerance``)
 ========================================  ===========  ==============================
 """
 
@@ -53,8 +55,10 @@ from agentrl.rollout.overlong import OVERLONG_FINISH, fit_prompt
 from agentrl.rollout.rewards import RewardModels
 from agentrl.rollout.sample import Sample, Status, Turn
 from agentrl.rollout.trajectory import Trajectory
+from agentrl.sandbox.base import SandboxLost
 
 __all__ = [
+    "SANDBOX_LOST",
     "EngineTurns",
     "Episode",
     "RolloutContext",
@@ -66,6 +70,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+SANDBOX_LOST = "sandbox_lost"
+"""``metadata["finish"]`` of an episode whose sandbox's host died (see :class:`SandboxLost`)."""
 
 RESPONSE_ROOM = 64
 """Tokens kept free for the next assistant turn when tool output must be cut to fit."""
@@ -252,6 +259,12 @@ class RolloutContext:
         """The turn limit (resolved)."""
         assert self.config.max_turns is not None
         return self.config.max_turns
+
+    @property
+    def sandbox_retries(self) -> int:
+        """How many times an episode whose sandbox was lost is played again (the env
+        factory's, set by ``--use-fault-tolerance`` with ``--sandbox-placement ray``)."""
+        return self.envs.sandbox_retries if self.envs is not None else 0
 
 
 def prompt_messages(prompt: Any) -> list[dict[str, Any]]:
@@ -443,9 +456,10 @@ class Episode:
         self.done = True
 
     def fail(self, exc: BaseException, *, report: bool = True) -> None:
-        """Fails the sample with ``exc`` as the reason (``metadata["error"]``); ``report``: also
-        log it (a caller that reports a whole batch's failure once passes False)."""
-        self.finish(Status.FAILED, "error")
+        """Fails the sample with ``exc`` as the reason (``metadata["error"]``); finish
+        ``sandbox_lost`` for a :class:`SandboxLost`, else ``error``. ``report``: also log it (a
+        caller that reports a whole batch's failure once passes False)."""
+        self.finish(Status.FAILED, SANDBOX_LOST if isinstance(exc, SandboxLost) else "error")
         self.sample.reward = 0.0
         self.sample.metadata["error"] = f"{type(exc).__name__}: {exc}"
         self.sample.metadata["traceback"] = traceback.format_exc(limit=8)

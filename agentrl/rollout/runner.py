@@ -15,6 +15,11 @@ and counted in ``rollout/overlong_prompts``. A group with a sample longer than
 ``--rollout-max-context-len`` (a custom generate function's own tokens) is dropped likewise,
 counted in ``rollout/overlong_samples``. Evaluation keeps such groups (scored 0), so that an
 eval set is played whole, and reports them the same way.
+
+A sample whose sandbox was lost (its node died: finish ``sandbox_lost``) is played again from its
+start, in a fresh env and sandbox, as many times as the env factory's ``sandbox_retries`` allows
+(3 with ``--use-fault-tolerance`` and ``--sandbox-placement ray``, else 0); each retry is counted
+in ``metadata["sandbox_retries"]`` and the sample appears once in its group.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from agentrl.eval.metrics import SUCCESS_REWARD
 from agentrl.plugins import load_plugin
 from agentrl.rollout.custom import load_custom_generate, run_custom_generate
 from agentrl.rollout.data import SkippedRow, report_skipped, row_location
-from agentrl.rollout.episode import Episode, RolloutContext
+from agentrl.rollout.episode import SANDBOX_LOST, Episode, RolloutContext
 from agentrl.rollout.sample import Sample, Status
 
 __all__ = ["RolloutBatch", "RolloutRunner", "batch_metrics", "group_order"]
@@ -40,6 +45,11 @@ __all__ = ["RolloutBatch", "RolloutRunner", "batch_metrics", "group_order"]
 log = logging.getLogger(__name__)
 
 GroupFilter = Callable[[Any, Sequence[Sample]], bool]
+
+ATTEMPT_METADATA = ("finish", "error", "traceback", "turns", "episode_s", "tool_errors",
+                    "tool_outputs_cut", "weight_versions", "messages")
+"""What an episode records in ``sample.metadata`` about how it went: cleared before a sample
+is played again after its sandbox was lost (its task, seed and source stay)."""
 
 
 @dataclasses.dataclass
@@ -332,8 +342,33 @@ class RolloutRunner:
             episode.rid = rid
         async with self._semaphore:
             await episode.run()
+        while self._replays_lost_sandbox(sample):
+            retry = sample.metadata["sandbox_retries"]
+            # a suffix of its own: the engine's per-episode state starts afresh, and an abort
+            # of the rollout's (or the group's) prefix still reaches it
+            episode = Episode(self.ctx, sample, f"{rid}-r{retry}", record_messages=self.evaluation)
+            async with self._semaphore:
+                await episode.run()
         if sample.status is Status.ABORTED:
             self.suspended[key] = episode
+
+    def _replays_lost_sandbox(self, sample: Sample) -> bool:
+        """Whether ``sample`` failed because its sandbox was lost and has a retry left; if so
+        it is made pending again, without what the lost attempt recorded, and the retry is
+        counted in ``metadata["sandbox_retries"]``."""
+        meta = sample.metadata
+        retries = meta.get("sandbox_retries", 0)
+        if (sample.status is not Status.FAILED or meta.get("finish") != SANDBOX_LOST
+                or retries >= self.ctx.sandbox_retries):
+            return False
+        log.warning("sample %s/%s lost its sandbox (%s); playing it again (retry %d of %d)",
+                    sample.group_id, sample.index, meta.get("error"), retries + 1,
+                    self.ctx.sandbox_retries)
+        for name in ATTEMPT_METADATA:
+            meta.pop(name, None)
+        meta["sandbox_retries"] = retries + 1
+        sample.status, sample.reward, sample.response = Status.PENDING, None, ""
+        return True
 
     async def _play_agent(self, sample: Sample, rid: str) -> list[Sample]:
         """A black-box agent's episode; an unfinished one is played afresh (an agent's own

@@ -7,7 +7,8 @@ what it guarantees and what it does not.
 
 Every failure of the *sandboxed code* (non-zero exit, timeout, a limit hit, output flood) is data
 in :class:`ExecResult`, never an exception: tools turn it into an observation. Exceptions
-(:class:`SandboxError`) mean the sandbox itself is broken or misused.
+(:class:`SandboxError`) mean the sandbox itself is broken or misused; :class:`SandboxLost`, that
+it is gone (its episode fails instead of seeing a tool error).
 """
 
 from __future__ import annotations
@@ -26,11 +27,23 @@ WORKSPACE = "/workspace"
 
 class SandboxError(AgentRLError):
     """The sandbox cannot do what was asked (backend missing, start failed, closed, path
-    outside the workspace). Tools report these to the model as tool errors."""
+    outside the workspace). Tools report these to the model as tool errors (all but
+    :class:`SandboxLost`)."""
 
 
 class SandboxUnavailableError(SandboxError):
     """The requested backend cannot run on this machine; the message says how to fix that."""
+
+
+class SandboxLost(SandboxError):
+    """The sandbox's host died (its node left the Ray cluster, or its host process stopped
+    answering), with everything that ran in it.
+
+    Unlike other sandbox errors it is not shown to the model: nothing the model wrote caused it.
+    The tool call re-raises it and the episode fails with ``metadata["finish"] =
+    "sandbox_lost"``; under ``--use-fault-tolerance`` the episode is played again from its
+    start, in a new sandbox.
+    """
 
 
 @dataclasses.dataclass(frozen=True)

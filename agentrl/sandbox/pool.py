@@ -226,6 +226,10 @@ class SandboxPools:
             :func:`agentrl.sandbox.create_sandbox`.
     """
 
+    remote: bool = False
+    """Whether the sandboxes run on other machines (a subclass's): a backend name such as
+    ``auto`` is then resolved where each sandbox runs, not here."""
+
     def __init__(
         self, *, prewarm: int = 0, reap: bool = True, creator: SandboxCreator | None = None
     ) -> None:

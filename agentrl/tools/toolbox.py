@@ -89,7 +89,9 @@ class Toolbox:
     async def run(self, call: ToolCall, context: Mapping[type, Any]) -> ToolOutcome:
         """Runs one call. Failures the model caused, and exceptions inside the tool, come back
         as an outcome with ``error`` set; framework errors (:class:`ToolDefinitionError`, or any
-        agentrl error that is not a tool-call error) propagate.
+        agentrl error that is not a tool-call error) propagate, and so does
+        :class:`~agentrl.sandbox.SandboxLost` raised inside the tool (the sandbox's node died:
+        its episode fails rather than showing the model an error it did not cause).
         """
         start = time.perf_counter()
         try:
@@ -138,6 +140,11 @@ class Toolbox:
             ) from None
             raise
         except Exception as exc:  # the tool's own failure: the model should see it
+            # imported here: agentrl.sandbox imports agentrl.tools (for Injected)
+            from agentrl.sandbox.base import SandboxLost
+
+            if isinstance(exc, SandboxLost):  # nothing the model can fix: the episode fails
+                raise
             raise ToolExecutionError(
                 f"tool {t.name!r} failed: {type(exc).__name__}: {exc}", tool_name=t.name
             ) from exc

@@ -95,6 +95,10 @@ class HarborEnv(SandboxedToolEnv):
 
     tools = (bash, editor, search, submit)
     default_max_turns = 30
+    local_sandboxes_only = (
+        "harbor-v0 builds each task's image with this machine's Docker daemon, grades through "
+        "the container's host directories (DockerSandbox.host_dir) and runs the tasks' stdio "
+        "MCP servers inside the sandbox, none of which reaches a sandbox on another node")
     default_limits = Limits(timeout_s=120, memory_mb=1024, cpu_s=600, pids=256,
                             workspace_mb=512, file_size_mb=256)
 

@@ -144,7 +144,8 @@ ray.kill(victim, no_restart=True)
 
 def test_engine_killed_mid_run_on_a_joined_ray_cluster(tmp_path):
     """train.py joins a running Ray cluster (--ray-address); an engine actor is killed from outside
-    during rollout 0; with --use-fault-tolerance every rollout still has every sample once."""
+    during rollout 0; with --use-fault-tolerance every rollout still has every sample once. The
+    episodes' sandboxes run on the cluster's node that offers them (--sandbox-placement ray)."""
     import os
     import secrets
     import signal
@@ -158,6 +159,7 @@ def test_engine_killed_mid_run_on_a_joined_ray_cluster(tmp_path):
            "PYTHONPATH": str(REPO)}
     ray_bin = Path(sys.executable).with_name("ray")
     head = subprocess.Popen([str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=4",
+                             "--resources", json.dumps({"sandbox": 4}),
                              "--include-dashboard=false", "--disable-usage-stats"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -168,7 +170,8 @@ def test_engine_killed_mid_run_on_a_joined_ray_cluster(tmp_path):
                                 "--rollout-batch-size", "4", "--rollout-max-response-len", "32",
                                 "--rollout-num-gpus", "2", "--use-fault-tolerance",
                                 "--rollout-health-check-interval", "1", "--ray-address", address,
-                                "--output-dir", str(out)], env=env,
+                                "--env", "math-python", "--env-kwarg", "sandbox=process",
+                                "--sandbox-placement", "ray", "--output-dir", str(out)], env=env,
                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         killer = subprocess.run([sys.executable, "-c", KILL_ENGINE_0, address, str(run.pid)], env=env,
                                 capture_output=True, text=True, timeout=600)
@@ -178,8 +181,10 @@ def test_engine_killed_mid_run_on_a_joined_ray_cluster(tmp_path):
         assert "engine 0 lost" in stderr  # (the restart itself is tested in test_engine_group.py)
         for rollout in ("rollout_00000", "rollout_00001"):
             lines = (out / "trajectories" / f"{rollout}.jsonl").read_text().splitlines()
-            keys = [(json.loads(x)["group_id"], json.loads(x)["index"]) for x in lines]
+            samples = [json.loads(x) for x in lines]
+            keys = [(s["group_id"], s["index"]) for s in samples]
             assert len(keys) == 8 and len(set(keys)) == 8
+            assert all(s["status"] != "failed" for s in samples), [s["metadata"].get("error") for s in samples]
     finally:
         if run is not None and run.poll() is None:
             run.kill()

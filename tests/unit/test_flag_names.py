@@ -51,6 +51,8 @@ THIRD_PARTY = {
     "--noconftest", "--rootdir", "--tb", "--exclude-dir",
     # pip: how bfcl-eval is installed (envs/bfcl)
     "--no-deps",
+    # ray start: how the sandbox nodes of --sandbox-placement ray join a cluster
+    "--address", "--resources",
 }
 """Flags of programs we start or tell the user to run; each group says which program."""
 
