@@ -315,9 +315,9 @@ class SandboxHosts:
             self.launcher.kill(handle)
             raise
         except Exception as exc:  # noqa: BLE001 - the node stays unused until a later poll
-            why = (f"node {node.address} ({node.node_id[:8]}) started no host within "
-                   f"{self.host_start_timeout_s:g} s ({exc!r}); is another run using it (one run per "
-                   "sandbox node), or can its raylet not start workers?")
+            why = (f"node {node.address} ({node.node_id[:8]}) started no host: {exc!r} (a host "
+                   f"has {self.host_start_timeout_s:g} s); is another run using the node (one run "
+                   "per sandbox node), or does this driver's RAY_AUTH_MODE differ from the cluster's?")
             log.warning("%s", why)
             self._start_failures[node.node_id] = why
             self.launcher.kill(handle)

@@ -65,18 +65,20 @@ def cluster() -> Iterator[Cluster]:
         sandbox_node = nodes.add_node("s1", sandboxes=3)  # joins as soon as the head answers
         if ray.is_initialized():  # an earlier test's local instance
             ray.shutdown()
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                ray.init(address=nodes.address, namespace=RAY_NAMESPACE, log_to_driver=False)
-                break
-            except ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-        found = Cluster(nodes)
-        found.node_id(sandbox_node)
-        yield found
+        with nodes.driver_mode():
+            deadline = time.monotonic() + 90
+            while True:
+                try:
+                    ray.init(address=nodes.address, namespace=RAY_NAMESPACE, log_to_driver=False)
+                    break
+                except ConnectionError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+            found = Cluster(nodes)
+            found.node_id(sandbox_node)
+            yield found
+            ray.shutdown()
     finally:
         if ray.is_initialized():
             ray.shutdown()

@@ -4,6 +4,7 @@ its machine died, by killing every process of that session."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -12,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.support.distributed import free_port
@@ -79,9 +81,8 @@ class LocalRayCluster:
         root = self.root / f"sandboxes-{name}"
         root.mkdir(parents=True)
         resources = {**resources, f"test_node_{name}": 1}
-        # Ray's fixed default ports and its default /tmp/ray are shared with any other Ray
-        # instance on this machine (an earlier test's, a run's): a node that collides with one
-        # joins the cluster but never starts a worker. Each node gets ports and files of its own.
+        # Ray's fixed default ports and its default /tmp/ray would be shared with any other Ray
+        # instance on this machine (an earlier test's, a run's): each node has its own.
         ports = [f"--{flag}={free_port()}" for flag in (
             "node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
             "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")]
@@ -95,6 +96,34 @@ class LocalRayCluster:
         node = RayNode(name, process, root)
         self.nodes.append(node)
         return node
+
+    @contextlib.contextmanager
+    def driver_mode(self) -> Iterator[None]:
+        """This process as a driver of these nodes: token authentication off, as theirs is.
+
+        A local ``ray.init()`` earlier in the process (another test's) turned token
+        authentication on for the whole process (``RAY_AUTH_MODE=token`` in its environment,
+        and Ray's cached config); the nodes would then take this driver's calls for
+        unauthenticated ones and destroy its actors as they are created."""
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        def refresh() -> None:
+            Config.initialize("")
+            AuthenticationTokenLoader.instance().reset_cache()
+
+        saved = {name: os.environ.get(name) for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+        os.environ["RAY_AUTH_MODE"] = "disabled"
+        os.environ.pop("RAY_AUTH_TOKEN", None)
+        refresh()
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            refresh()
 
     def kill(self, node: RayNode) -> None:
         """Kills every process of ``node``'s session at once (its raylet, its workers, the
