@@ -28,7 +28,7 @@ from agentrl.rollout.sample import Sample, Status
 from agentrl.sandbox import Limits, reap_leftovers
 from tests.support.engines import ScriptedEngine
 from tests.support.ray_nodes import LocalRayCluster, RayNode
-from tests.support.sandbox_envs import ENV_ID, run_then_answer
+from tests.support.sandbox_env_ids import ENV_ID, run_then_answer
 from tests.support.tokenizers import tiny_tokenizer
 
 ray = pytest.importorskip("ray")

@@ -1,4 +1,4 @@
-"""A tiny sandboxed env for the sandbox-placement tests, and a scripted policy that plays it.
+"""A tiny sandboxed env for the sandbox-placement tests (named in tests/support/sandbox_env_ids.py).
 
 ``sandbox-exec-v0``: each task names a shell command; the model calls ``run`` with it (one
 ``exec`` in the episode's sandbox) and then answers with the command's output; the reward is 1
@@ -7,19 +7,12 @@ when the answer holds ``done``.
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
 import agentrl
 from agentrl.sandbox import Limits, Sandbox
 from agentrl.tools.mcp import McpServer
-
-ENV_ID = "tests.support.sandbox_envs:sandbox-exec-v0"
-"""How tests name the env (the module registers it when imported)."""
-MCP_ENV_ID = "tests.support.sandbox_envs:sandbox-mcp-v0"
-"""The env with an MCP server inside its sandboxes."""
 
 
 @agentrl.tool
@@ -73,13 +66,3 @@ class McpInSandboxEnv(SandboxExecEnv):
 
 agentrl.register_env("sandbox-exec-v0", SandboxExecEnv)
 agentrl.register_env("sandbox-mcp-v0", McpInSandboxEnv)
-
-
-def run_then_answer(text: str, rid: str) -> str:
-    """A :class:`~tests.support.engines.ScriptedEngine` policy: calls ``run`` with the task's
-    command, then answers with what it printed."""
-    results = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", text, re.S)
-    if results:
-        return f"Answer: {results[-1]}"
-    command = re.findall(r"Run: (.*)", text)[-1].split("<|im_end|>")[0].strip()
-    return f"<tool_call>\n{json.dumps({'name': 'run', 'arguments': {'command': command}})}\n</tool_call>"

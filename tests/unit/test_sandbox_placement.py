@@ -24,7 +24,7 @@ from agentrl.rollout.runner import RolloutRunner
 from agentrl.rollout.sample import Sample, Status
 from agentrl.sandbox import ExecResult, Limits, SandboxError
 from tests.support.engines import ScriptedEngine
-from tests.support.sandbox_envs import ENV_ID, MCP_ENV_ID, run_then_answer
+from tests.support.sandbox_env_ids import ENV_ID, MCP_ENV_ID, run_then_answer
 from tests.support.tokenizers import tiny_tokenizer
 
 NODE_A = NodeInfo("node-a", "10.0.0.1", 2)
