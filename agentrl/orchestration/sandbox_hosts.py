@@ -519,10 +519,9 @@ class RemoteSandbox(Sandbox):
         if host is None:
             return
         try:
-            await self._hosts.call(host, "close", self._sid,
-                                   deadline=self.limits.timeout_s + self._hosts.call_margin_s)
-        except SandboxLost:
-            pass  # nothing of it is left on a dead node
+            with contextlib.suppress(SandboxLost):  # nothing of it is left on a dead node
+                await self._hosts.call(host, "close", self._sid,
+                                       deadline=self.limits.timeout_s + self._hosts.call_margin_s)
         finally:
             self._hosts.release(host)
 

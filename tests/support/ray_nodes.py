@@ -133,10 +133,8 @@ class LocalRayCluster:
             if not pids:
                 break
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError):  # it died meanwhile
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             time.sleep(0.05)
         node.process.wait(timeout=30)
 
