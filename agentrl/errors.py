@@ -103,6 +103,12 @@ class RolloutFailedError(AgentRLError):
     """Too many samples of a rollout failed to train on (``--max-failed-fraction``)."""
 
 
+class ResourceLost(AgentRLError):
+    """Something an episode runs on is gone (a sandbox whose node died, with everything that ran
+    in it). Nothing the model wrote caused it, so a tool call that meets it does not show it to
+    the model as a tool error: it propagates, and the episode fails."""
+
+
 class RunInterrupted(AgentRLError):
     """A run was stopped by SIGINT or SIGTERM and has cleaned up; the message says what was
     interrupted and how to continue.

@@ -18,7 +18,7 @@ import asyncio
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from agentrl.errors import AgentRLError
+from agentrl.errors import AgentRLError, ResourceLost
 from agentrl.tools.tool import Injected
 
 WORKSPACE = "/workspace"
@@ -35,7 +35,7 @@ class SandboxUnavailableError(SandboxError):
     """The requested backend cannot run on this machine; the message says how to fix that."""
 
 
-class SandboxLost(SandboxError):
+class SandboxLost(SandboxError, ResourceLost):
     """The sandbox's host died (its node left the Ray cluster, or its host process stopped
     answering), with everything that ran in it.
 

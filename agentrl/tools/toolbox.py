@@ -11,6 +11,7 @@ from typing import Any
 
 from agentrl.errors import (
     MalformedArgumentsError,
+    ResourceLost,
     ToolCallError,
     ToolDefinitionError,
     ToolErrorKind,
@@ -89,9 +90,10 @@ class Toolbox:
     async def run(self, call: ToolCall, context: Mapping[type, Any]) -> ToolOutcome:
         """Runs one call. Failures the model caused, and exceptions inside the tool, come back
         as an outcome with ``error`` set; framework errors (:class:`ToolDefinitionError`, or any
-        agentrl error that is not a tool-call error) propagate, and so does
-        :class:`~agentrl.sandbox.SandboxLost` raised inside the tool (the sandbox's node died:
-        its episode fails rather than showing the model an error it did not cause).
+        agentrl error that is not a tool-call error) propagate, and so does a
+        :class:`~agentrl.errors.ResourceLost` raised inside the tool (a
+        :class:`~agentrl.sandbox.SandboxLost`: the sandbox's node died; its episode fails rather
+        than showing the model an error it did not cause).
         """
         start = time.perf_counter()
         try:
@@ -128,7 +130,7 @@ class Toolbox:
             # asyncio.timeout cancels the current task in place: no extra task per call.
             async with asyncio.timeout(t.timeout) as deadline:
                 return await t.invoke(arguments, context)
-        except (ToolCallError, ToolDefinitionError):
+        except (ToolCallError, ToolDefinitionError, ResourceLost):  # ResourceLost: the episode fails
             raise
         except TimeoutError as exc:
             if deadline is None or not deadline.expired():  # the tool's own TimeoutError
@@ -138,13 +140,7 @@ class Toolbox:
             raise ToolTimeoutError(
                 f"tool {t.name!r} timed out after {t.timeout:g} s", tool_name=t.name
             ) from None
-            raise
         except Exception as exc:  # the tool's own failure: the model should see it
-            # imported here: agentrl.sandbox imports agentrl.tools (for Injected)
-            from agentrl.sandbox.base import SandboxLost
-
-            if isinstance(exc, SandboxLost):  # nothing the model can fix: the episode fails
-                raise
             raise ToolExecutionError(
                 f"tool {t.name!r} failed: {type(exc).__name__}: {exc}", tool_name=t.name
             ) from exc
