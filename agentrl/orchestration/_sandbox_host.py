@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import os
@@ -122,7 +123,12 @@ class SandboxHostActor:
         return len(sids)
 
 
-def _extra_methods(sandbox: Sandbox) -> set[str]:
+def _extra_methods(sandbox: Sandbox) -> frozenset[str]:
     """The public async methods of ``sandbox``'s backend that the interface does not have."""
-    return {name for name, _ in inspect.getmembers(type(sandbox), inspect.iscoroutinefunction)
-            if not name.startswith("_") and not hasattr(Sandbox, name)}
+    return _extra_methods_of(type(sandbox))
+
+
+@functools.cache
+def _extra_methods_of(backend: type[Sandbox]) -> frozenset[str]:
+    return frozenset(name for name, _ in inspect.getmembers(backend, inspect.iscoroutinefunction)
+                     if not name.startswith("_") and not hasattr(Sandbox, name))
