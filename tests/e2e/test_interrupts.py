@@ -38,12 +38,16 @@ async def custom_generate(args, samples, evaluation=False):
 '''
 """A plug-in whose episodes all sit in a sandbox command when the signal comes."""
 STUBBORN_PLUGIN = SLEEPY_PLUGIN.replace(
+    "import asyncio\n", "import asyncio\nimport os\nimport signal\nimport time\n").replace(
     "    await asyncio.gather(*(aexecute_tool(call, sample) for sample in samples))\n",
     "    try:\n"
     "        await asyncio.gather(*(aexecute_tool(call, sample) for sample in samples))\n"
-    "    except asyncio.CancelledError:\n"
-    "        await asyncio.sleep(300)  # does not stop when told: the clean stop cannot finish\n")
-"""A plug-in that ignores the first signal's cancellation, so only a second signal ends the run."""
+    "    finally:  # the clean stop is under way: the second signal comes, and this never returns\n"
+    "        os.kill(os.getpid(), signal.SIGINT)\n"
+    "        time.sleep(300)\n")
+"""A plug-in that sends the run its second signal as soon as the first signal's clean stop
+reaches it (its sandbox commands are stopped then), while the clean stop is still closing the
+sandboxes: a signal from outside could land only after the clean stop ended."""
 
 
 def _backend(name: str) -> list[str]:
@@ -255,14 +259,13 @@ def test_a_signal_to_the_process_group_during_a_save_names_a_complete_checkpoint
 def test_a_second_signal_exits_at_once_and_still_removes_the_sandboxes(tmp_path):
     plugin = tmp_path / "stubborn.py"
     plugin.write_text(STUBBORN_PLUGIN)
-    assert "except asyncio.CancelledError" in STUBBORN_PLUGIN
+    assert "os.kill(os.getpid(), signal.SIGINT)" in STUBBORN_PLUGIN
     run = train(*SWE_RUN, *_backend("bwrap"), "--no-use-ray", "--custom-generate-function-path",
                 str(plugin), "--num-rollout", "1", tmp_path=tmp_path)
     run.wait_for(lambda: run.sandboxes_live() and commands_running(), "sandbox commands running")
     run.signal(signal.SIGINT)
-    run.wait_for(lambda: "stopping rollout 0" in run.stderr(), "the first signal's notice")
-    run.signal(signal.SIGINT)
     code, stderr = run.finish(timeout=30)
+    assert "stopping rollout 0" in stderr  # the first signal's notice
     assert code == 130, stderr[-3000:]
     assert "a second SIGINT ended the clean-up" in stderr
     run.assert_nothing_left()
