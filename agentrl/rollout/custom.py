@@ -26,6 +26,7 @@ import concurrent.futures
 import contextvars
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
@@ -338,9 +339,8 @@ async def run_custom_generate(
         context.run(_CURRENT.set, call)
         return context.run(asyncio.run, _invoke(fn, ctx.args, list(samples), evaluation))
 
-    executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="custom-generate")
     try:
-        result = await loop.run_in_executor(executor, worker)
+        result = await _in_daemon_thread(worker, name=f"custom-generate-{rid}")
         if not isinstance(result, list) or any(not isinstance(s, Sample) for s in result):
             raise PluginError(f"{_FLAG}: custom_generate must return the list of samples")
     except Exception as exc:  # noqa: BLE001 - a crashing user function fails its samples
@@ -352,7 +352,6 @@ async def run_custom_generate(
                                report=False)
         result = list(samples)
     finally:
-        executor.shutdown(wait=False)
         for state in states.values():
             await state.episode.close()
     for state in states.values():
@@ -365,6 +364,26 @@ async def run_custom_generate(
         if sample.reward is None:
             sample.reward = 0.0
     return result
+
+
+async def _in_daemon_thread(worker: Any, *, name: str) -> Any:
+    """Runs ``worker()`` in a daemon thread and awaits its result.
+
+    A daemon thread, unlike an executor's, does not hold the interpreter's exit: a plug-in that
+    ignores the run's stop must not keep the process alive after the clean stop.
+    """
+    done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def target() -> None:
+        if not done.set_running_or_notify_cancel():
+            return
+        try:
+            done.set_result(worker())
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+            done.set_exception(exc)
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    return await asyncio.wrap_future(done)
 
 
 async def _invoke(fn: Any, args: Any, samples: list[Sample], evaluation: bool) -> Any:

@@ -49,6 +49,9 @@ STUBBORN_PLUGIN = SLEEPY_PLUGIN.replace(
 reaches it (its sandbox commands are stopped then), while the clean stop is still closing the
 sandboxes: a signal from outside could land only after the clean stop ended."""
 
+DEAF_PLUGIN = STUBBORN_PLUGIN.replace("        os.kill(os.getpid(), signal.SIGINT)\n", "")
+"""A plug-in that ignores the stop: once its sandbox commands are stopped it sleeps on."""
+
 
 def _backend(name: str) -> list[str]:
     reason = backend_skip_reason(name)
@@ -268,6 +271,21 @@ def test_a_second_signal_exits_at_once_and_still_removes_the_sandboxes(tmp_path)
     assert "stopping rollout 0" in stderr  # the first signal's notice
     assert code == 130, stderr[-3000:]
     assert "a second SIGINT ended the clean-up" in stderr
+    run.assert_nothing_left()
+
+
+def test_a_plugin_that_ignores_the_stop_does_not_keep_the_run_alive(tmp_path):
+    plugin = tmp_path / "deaf.py"
+    plugin.write_text(DEAF_PLUGIN)
+    assert "os.kill" not in DEAF_PLUGIN and "time.sleep(300)" in DEAF_PLUGIN
+    run = train(*SWE_RUN, *_backend("bwrap"), "--no-use-ray", "--custom-generate-function-path",
+                str(plugin), "--num-rollout", "1", tmp_path=tmp_path)
+    run.wait_for(lambda: run.sandboxes_live() and commands_running(), "sandbox commands running")
+    run.signal(signal.SIGINT)
+    code, stderr = run.finish(timeout=60)  # one signal is enough: its thread does not hold exit
+    assert code == 130, stderr[-3000:]
+    assert "train.py: interrupted by SIGINT during rollout 0" in stderr
+    assert "Traceback" not in stderr
     run.assert_nothing_left()
 
 
