@@ -79,7 +79,7 @@ async def main(argv: list[str]) -> None:
                 folder = latest_checkpoint(trainer.load)
                 extra = actor.load_checkpoint(folder)
                 start = int(extra.get("next_rollout", 0))
-                log.restore(extra.get("run_log", {}))  # the dead-run count and elapsed time go on
+                log.restore(extra.get("run_log", {}), start)  # counters go on; later lines are redone
                 data.load(folder / DATA_FILE)
                 state = read_pipeline_state(folder)
                 if pipeline is not None and state is not None:

@@ -151,11 +151,19 @@ class RunLog:
         flat = self.flat_rollouts if pending is None else self._flat_rollouts_after(pending)
         return {"flat_rollouts": flat, "elapsed_s": self._elapsed()}
 
-    def restore(self, counters: Mapping[str, Any]) -> None:
+    def restore(self, counters: Mapping[str, Any], next_rollout: int) -> None:
         """Continues the counters of :meth:`counters` (a ``--load``); missing ones (a checkpoint
-        from before they were saved) start at 0."""
+        from before they were saved) start at 0.
+
+        The lines the stopped run wrote after its checkpoint (rollouts from ``next_rollout``
+        on, and a line a kill cut in half) are played again by the resumed run: they move from
+        ``metrics.jsonl`` / ``eval.jsonl`` to ``<file>.superseded``, so each rollout has one
+        line and nothing written is thrown away.
+        """
         self.flat_rollouts = int(counters.get("flat_rollouts", 0))
         self.elapsed_before = float(counters.get("elapsed_s", 0.0))
+        _supersede_after(self.metrics_path, "rollout_id", next_rollout)
+        _supersede_after(self.eval_path, "step", next_rollout)
 
     def eval(self, step: int, result: dict[str, Any]) -> None:
         """Records one evaluation: a line of ``eval.jsonl`` and scalars ``eval/<set>/<metric>``.
@@ -223,6 +231,28 @@ class RunLog:
     def _log_scalars(self, step: int, values: dict[str, float]) -> None:
         for sink in self.sinks:
             sink.log(step, values)
+
+
+def _supersede_after(path: Path, key: str, first: int) -> None:
+    """Moves the lines of ``path`` whose ``key`` is ``first`` or later, and the lines that are
+    not a JSON object with an integer ``key``, to ``<path>.superseded``; the rest is rewritten
+    atomically (temp + rename)."""
+    if not path.is_file():
+        return
+    kept, moved = [], []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True):
+        try:
+            value = json.loads(line).get(key)
+        except (ValueError, AttributeError):
+            value = None
+        (kept if isinstance(value, int) and value < first else moved).append(line)
+    if not moved:
+        return
+    with path.with_name(path.name + ".superseded").open("a", encoding="utf-8") as f:
+        f.writelines(line if line.endswith("\n") else line + "\n" for line in moved)
+    staging = path.with_name(path.name + ".tmp")
+    staging.write_text("".join(kept), encoding="utf-8")
+    staging.replace(path)
 
 
 SHOWN = ("rollout_id", "elapsed_s", "rollout/reward_mean", "rollout/success_rate",

@@ -100,6 +100,9 @@ def test_sigkill_at_random_instants_ten_times_loses_and_repeats_no_prompt(tmp_pa
     groups = [line["group_id"] for line in lines]
     assert len(groups) == ITERATIONS * 2 * 2 and len(set(groups)) == ITERATIONS * 2
     assert {e["group_id"] for e in trained} <= set(groups)
+    # one metrics line per rollout: the lines of rollouts played again were moved aside
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["rollout_id"] for line in metrics] == list(range(ITERATIONS))
     # groups in flight at a kill were played again from their prompts, and say so
     assert "resumed from" in log and any(line["metadata"].get("restarted") for line in lines)
     # the random-init model never solves calc: every group is flat, which is said loudly

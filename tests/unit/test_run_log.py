@@ -125,7 +125,7 @@ def test_dead_run_counter_survives_resume(tmp_path: Path, capsys: pytest.Capture
     assert saved["elapsed_s"] > 0
     saved["elapsed_s"] += 100.0  # as if the first run had trained for 100 s more
     resumed = RunLog(tmp_path, dead_run_rollouts=3, use_tensorboard=False)  # --load, same dir
-    resumed.restore(saved)
+    resumed.restore(saved, 2)
     resumed.metrics(2, FLAT)  # the third flat rollout in a row, across the restart
     assert "WARNING: dead run: in the last 3 rollouts" in capsys.readouterr().err
     lines = [json.loads(line) for line in resumed.metrics_path.read_text().splitlines()]
@@ -134,8 +134,30 @@ def test_dead_run_counter_survives_resume(tmp_path: Path, capsys: pytest.Capture
     assert lines[1]["elapsed_s"] < 100.0 <= lines[2]["elapsed_s"]
     # a checkpoint saved before the counters were kept resumes with them at 0
     old = RunLog(tmp_path / "old", use_tensorboard=False)
-    old.restore({})
+    old.restore({}, 0)
     assert old.flat_rollouts == 0 and old.counters()["elapsed_s"] < 60
+
+
+def test_a_resume_moves_the_lines_written_after_its_checkpoint_aside(tmp_path: Path) -> None:
+    first = RunLog(tmp_path, use_tensorboard=False)
+    for rollout_id in range(4):
+        first.eval(rollout_id, {"calc": {"pass@1": 0.5}})
+        first.metrics(rollout_id, LEARNING)
+    with first.metrics_path.open("a") as f:
+        f.write('{"rollout_id": 4, "elaps')  # a kill in the middle of a line
+    resumed = RunLog(tmp_path, use_tensorboard=False)
+    resumed.restore({}, 2)  # the checkpoint was saved after rollout 1
+    resumed.metrics(2, LEARNING)
+    ids = [json.loads(line)["rollout_id"] for line in resumed.metrics_path.read_text().splitlines()]
+    assert ids == [0, 1, 2]
+    steps = [json.loads(line)["step"] for line in resumed.eval_path.read_text().splitlines()]
+    assert steps == [0, 1]
+    moved = (tmp_path / "metrics.jsonl.superseded").read_text().splitlines()
+    assert [json.loads(line)["rollout_id"] for line in moved[:2]] == [2, 3]
+    assert moved[2] == '{"rollout_id": 4, "elaps'  # kept as written, not lost
+    assert len((tmp_path / "eval.jsonl.superseded").read_text().splitlines()) == 2
+    resumed.restore({}, 2)  # resumed again from the same checkpoint: its rollout 2 moves too
+    assert len((tmp_path / "metrics.jsonl.superseded").read_text().splitlines()) == 4
 
 
 def test_wandb_flags_defaults() -> None:
