@@ -61,6 +61,7 @@ async def main(argv: list[str]) -> None:
 
             # the policy: trained with Megatron (Ray ranks, or this process), served by the engine
             checkpoint = policy_checkpoint(rollout)  # --hf-checkpoint, or the built-in tiny model
+            log.record_launch(argv, vars(args.namespace), checkpoint)  # run.json: what ran, for agentrl view
             actor, engine = await start_policy(args, checkpoint, closing)
             if isinstance(actor, TrainerGroup):  # a signal to the whole process group stops Ray too
                 stop.watch(actor.ray_lost, "Ray's own processes were stopped by the same signal")
@@ -134,6 +135,7 @@ async def main(argv: list[str]) -> None:
                 log.eval(run.num_rollout, await run_evaluation(ctx, run.num_rollout))
     print(f"done: metrics {log.metrics_path}, trajectories {log.trajectories}/, checkpoints "
           f"{save_root}/ (continue with --load {save_root})")
+    print(f"look at the run: agentrl view {run.output_dir}")
 
 
 def save(folder: Path, actor: Any, extra: dict[str, Any], data: Any, pipeline: AsyncRollout | None) -> None:

@@ -1,4 +1,4 @@
-"""The ``agentrl`` command line: ``list-envs``, ``check-env ID``, ``eval --env ID``."""
+"""The ``agentrl`` command line: ``list-envs``, ``check-env ID``, ``eval --env ID``, ``view PATH``."""
 
 from __future__ import annotations
 
@@ -54,6 +54,35 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return run_eval(args)
 
 
+def _cmd_view(args: argparse.Namespace) -> int:
+    import asyncio
+    import errno
+
+    from agentrl.view import Catalog, serve
+
+    catalog = Catalog(args.path)  # a path that is neither a run nor an eval: a ViewError, one line
+    found = catalog.targets()
+    runs = sum(t["kind"] == "run" for t in found)
+
+    def ready(url: str) -> None:
+        print(f"agentrl view: {catalog.root}: {runs} run(s), {len(found) - runs} evaluation(s) "
+              f"at {url} (Ctrl-C stops)", flush=True)
+        if args.host not in ("127.0.0.1", "localhost", "::1"):
+            print(f"agentrl view: listening on {args.host}: whoever reaches it can read these runs",
+                  flush=True)
+
+    try:
+        asyncio.run(serve(catalog, args.host, args.port, on_ready=ready))
+    except KeyboardInterrupt:
+        return 0
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise AgentRLError(f"--port {args.port}: already in use on {args.host}; pass another "
+                               "--port (0 picks a free one)") from None
+        raise AgentRLError(f"--host {args.host} --port {args.port}: cannot listen ({exc.strerror or exc})") from None
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``agentrl`` command."""
     parser = argparse.ArgumentParser(prog="agentrl", description=__doc__, allow_abbrev=False)
@@ -83,6 +112,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_eval_arguments(p)
     p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("view", allow_abbrev=False, help="look at runs and evaluations in a browser",
+                       description="Serve a local web page over a run's --output-dir, an "
+                       "`agentrl eval --output` file, or a folder of either.")
+    p.add_argument("path", help="a run's --output-dir, an eval's --output file, or a folder of them")
+    p.add_argument("--port", type=int, default=8765, help="port to listen on (0: any free one)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on; loopback by default, anything else exposes the runs")
+    p.set_defaults(func=_cmd_view)
     return parser
 
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # System set-up for the sandbox backends (run by `make test` and CI; needs root):
 #   - installs bubblewrap, util-linux (nsenter, prlimit, setpriv), the Docker engine,
-#     debootstrap and python3-pytest (bwrap sandboxes see the host's /usr, so tools such as
-#     run_tests need pytest for /usr/bin/python3) from the distribution's packages when missing;
+#     debootstrap, Chromium (the viewer's browser tests) and python3-pytest (bwrap sandboxes
+#     see the host's /usr, so tools such as run_tests need pytest for /usr/bin/python3) from
+#     the distribution's packages when missing;
 #   - starts a private Docker daemon (scripts/dockerd.sh) and builds the offline base image.
 # Without root it changes nothing and says so: tests of a missing backend are then skipped,
 # each with its reason. A daemon that fails to start is reported (with its log) and its tests
@@ -24,6 +25,7 @@ for tool in nsenter prlimit setpriv; do command -v "$tool" >/dev/null || { missi
 if [ "$BWRAP_ONLY" = 0 ]; then
     command -v dockerd >/dev/null || missing+=(docker.io)
     command -v debootstrap >/dev/null || missing+=(debootstrap)
+    command -v chromium >/dev/null || missing+=(chromium)  # agentrl view's browser tests
 fi
 [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import pytest' 2>/dev/null || missing+=(python3-pytest)
 if [ "${#missing[@]}" -gt 0 ]; then

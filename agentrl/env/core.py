@@ -95,6 +95,9 @@ class EpisodeState(Injected):
         data: Free scratch space for tools (e.g. files seen, a running total).
         finished: Set by :meth:`finish`; the step that set it terminates the episode.
         answer: The value passed to :meth:`finish`, available to ``compute_reward``.
+        grade: What ``compute_reward`` found, as JSON-able data (tests passed, the verifier's
+            output, the parsed answer); the rollout keeps it in ``sample.metadata["grade"]``
+            and ``agentrl view`` shows it. ``None``: nothing recorded.
     """
 
     def __init__(self, task: Mapping[str, Any]) -> None:
@@ -102,6 +105,7 @@ class EpisodeState(Injected):
         self.data: dict[str, Any] = {}
         self.finished = False
         self.answer: Any = None
+        self.grade: Any = None
 
     def finish(self, answer: Any = None) -> None:
         """Ends the episode after the current step (e.g. from a ``submit`` tool)."""
@@ -235,6 +239,8 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
         self.observation_space = MessageList()
         self.action_space = AssistantTurn()
         self.state: EpisodeState | None = None
+        self.grading = False
+        """True while :meth:`compute_reward` runs (a sandboxed env labels its commands with it)."""
         self.messages: list[Message] = []
         self.last_step_timings: StepTimings | None = None
         """Wall-clock seconds of the latest step (``None`` before the first)."""
@@ -399,10 +405,14 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
         truncated = not terminated and self._turn >= self.max_turns
         reward = 0.0
         if terminated:
-            reward = as_reward(
-                await _maybe_await(self.compute_reward(self.state.task, message, self.state)),
-                f"{type(self).__name__}.compute_reward",
-            )
+            self.grading = True
+            try:
+                reward = as_reward(
+                    await _maybe_await(self.compute_reward(self.state.task, message, self.state)),
+                    f"{type(self).__name__}.compute_reward",
+                )
+            finally:
+                self.grading = False
         t3 = time.perf_counter()
         self._done = terminated or truncated
         self.last_step_timings = StepTimings(
@@ -427,6 +437,14 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
         if self._done:
             await self._close_episode()
         return observation, reward, terminated, truncated, info
+
+    def episode_record(self) -> dict[str, Any]:
+        """What the rollout keeps of the latest episode besides its tokens, for logs and
+        ``agentrl view``: ``grade`` (:attr:`EpisodeState.grade`, when set); sandboxed envs add
+        ``commands``. JSON-able; empty before the first reset."""
+        if self.state is None or self.state.grade is None:
+            return {}
+        return {"grade": self.state.grade}
 
     async def arun_tool(self, call: ToolCall) -> ToolOutcome:
         """Runs one tool call in the current episode (its injected state and sandbox) outside

@@ -4,7 +4,9 @@ The sandbox is acquired from a pool when an episode starts (after the task is ch
 :class:`~agentrl.sandbox.SandboxPools` picks the pool), filled by
 :meth:`SandboxedToolEnv.prepare_sandbox`, injected into every tool that annotates a
 parameter with :class:`agentrl.sandbox.Sandbox`, still available to ``compute_reward`` (grading
-runs in it), and released (closed, workspace deleted) when the episode ends.
+runs in it), and released (closed, workspace deleted) when the episode ends. Tools and the
+grader get it through a :class:`~agentrl.sandbox.recording.RecordingSandbox`, whose log
+becomes the episode record's ``commands`` (:meth:`SandboxedToolEnv.episode_record`).
 
 Tools that open longer-lived things inside the sandbox (a shell session, a server) register
 them with :func:`register_episode_resource`; the env closes them when the episode ends, before
@@ -21,6 +23,7 @@ from typing import Any, ClassVar
 
 from agentrl.env.core import EpisodeState, ToolEnv
 from agentrl.sandbox import BACKENDS, Limits, Sandbox, SandboxPool, SandboxPools, resolve_backend
+from agentrl.sandbox.recording import CommandLog, RecordingSandbox
 
 _log = logging.getLogger(__name__)
 
@@ -129,6 +132,11 @@ class SandboxedToolEnv(ToolEnv):
         self.max_concurrent_sandboxes = max_concurrent_sandboxes
         self.sandbox_options = dict(sandbox_options or {})
         self.sandbox: Sandbox | None = None
+        """The episode's sandbox as tools and the grader see it: a recording wrapper of the
+        one the pool lent (``_lent``)."""
+        self.command_log: CommandLog | None = None
+        self._lent: Sandbox | None = None
+        self._preparing = False
         self._pool: SandboxPool | None = None
 
     async def prepare_sandbox(self, sandbox: Sandbox, task: Mapping[str, Any]) -> None:
@@ -153,21 +161,38 @@ class SandboxedToolEnv(ToolEnv):
             self.sandbox_backend, self.limits_for(task), self.max_concurrent_sandboxes,
             self.sandbox_options_for(task),
         )
-        self.sandbox = await self._pool.acquire()
+        self._lent = await self._pool.acquire()
+        self.command_log = CommandLog(self._log_position)
+        self.sandbox = RecordingSandbox(self._lent, self.command_log)
+        self._preparing = True
         try:
             await self.prepare_sandbox(self.sandbox, task)
         except BaseException:
             await self.teardown_episode()
             raise
+        finally:
+            self._preparing = False
 
     async def teardown_episode(self) -> None:
         """Closes the episode's registered resources, then releases its sandbox."""
         try:
             await close_episode_resources(self.state)
         finally:
-            sandbox, self.sandbox = self.sandbox, None
+            sandbox, self.sandbox, self._lent = self._lent, None, None
             if sandbox is not None and self._pool is not None:
                 await self._pool.release(sandbox)
+
+    def episode_record(self) -> dict[str, Any]:
+        """The base record plus ``commands``: what the episode's sandbox ran (set-up, tools and
+        grader; see :class:`~agentrl.sandbox.recording.CommandLog`)."""
+        record = super().episode_record()
+        if self.command_log is not None:
+            record["commands"] = self.command_log.to_list()
+        return record
+
+    def _log_position(self) -> tuple[str, int]:
+        phase = "setup" if self._preparing else "grade" if self.grading else "tools"
+        return phase, self._turn
 
     def tool_context(self) -> list[Any]:
         return [self.state, self.sandbox]

@@ -228,11 +228,16 @@ def run_eval(namespace: argparse.Namespace) -> int:
     for name, metrics in summary["sets"].items():
         print(format_table(name, summary["policy"], metrics))
     if evaluation.output is not None:
+        if evaluation.policy == "model":  # its tokenizer shows the episodes' tokens in agentrl view
+            from agentrl.rollout.build import policy_checkpoint
+
+            summary["policy_dir"] = policy_checkpoint(rollout)
         path = Path(evaluation.output)
         path.write_text(json.dumps(summary, indent=2) + "\n")
         episodes = path.with_name(path.stem + ".episodes.jsonl")
         write_episodes(episodes, [g for set_groups in groups.values() for g in set_groups])
         print(f"wrote {path} and {episodes}")
+        print(f"look at the episodes: agentrl view {path}")
     broken = [name for name, m in summary["sets"].items() if m["n_samples"] and m["failed"] == m["n_samples"]]
     if broken:
         print(f"agentrl: every episode of {', '.join(broken)} failed; the reasons are listed above")

@@ -127,7 +127,9 @@ async def run_evaluation(ctx: RolloutContext, step: int) -> dict[str, Any]:
 
 def write_episodes(path: str | Path, groups: Sequence[Sequence[Sample]]) -> None:
     """Writes one JSON object per evaluated sample: task id, group, sample, reward, status,
-    finish, turns, tool calls and errors, the error of a failed one, and the conversation."""
+    finish, turns, tool calls and errors, the error of a failed one, the conversation (and
+    which tool outputs the model saw cut), the grader's findings, the sandbox's command log,
+    and, when a model played, its token stream (``trajectory``)."""
     with Path(path).open("w", encoding="utf-8") as f:
         for group in groups:
             for s in group:
@@ -142,5 +144,13 @@ def write_episodes(path: str | Path, groups: Sequence[Sequence[Sample]]) -> None
                     "tool_outputs_cut": meta.get("tool_outputs_cut", 0),
                     "response_length": s.response_length, "usage": meta.get("usage"),
                     "messages": meta.get("messages", []),
+                    "cut_messages": meta.get("cut_messages", []),
+                    "grade": meta.get("grade"), "commands": meta.get("commands", []),
                 }
+                if s.tokens:  # a model played it: the token stream, as a trajectory file has it
+                    record["trajectory"] = {
+                        "tokens": s.tokens, "response_length": s.response_length,
+                        "loss_mask": s.loss_mask, "rollout_log_probs": s.rollout_log_probs,
+                        "token_versions": s.token_versions,
+                        "turns": [dataclasses.asdict(t) for t in s.turns]}
                 f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")

@@ -24,6 +24,8 @@ __all__ = ["EVAL_SHOWN", "SHOWN", "RunLog"]
 class RunLog:
     """Everything a run writes about itself under ``output_dir``.
 
+    * ``run.json``: each launch of the run (a first start, then every ``--load``): its command
+      line, every flag's value and the policy's Hugging Face folder (:meth:`record_launch`).
     * ``metrics.jsonl``: one line per rollout (always), plus a one-line console summary.
     * ``eval.jsonl``: one line per evaluation (:meth:`eval`).
     * ``trajectories/rollout_<id>.jsonl``: each rollout's samples (:meth:`samples`).
@@ -69,6 +71,7 @@ class RunLog:
         self.elapsed_before = 0.0  # seconds the run ran before this process (restored on --load)
         self.root = Path(output_dir)
         self.root.mkdir(parents=True, exist_ok=True)
+        self.run_path = self.root / "run.json"
         self.metrics_path = self.root / "metrics.jsonl"
         self.eval_path = self.root / "eval.jsonl"
         self.trajectories = self.root / "trajectories"
@@ -138,6 +141,26 @@ class RunLog:
         shown = {k: v for k, v in record.items() if k in SHOWN}
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                        for k, v in shown.items()), flush=True)
+
+    def record_launch(self, argv: Sequence[str], flags: Mapping[str, Any], policy_dir: str) -> None:
+        """Adds this launch to ``run.json`` (rewritten atomically; earlier launches kept).
+
+        Args:
+            argv: The command line after the program name.
+            flags: Every flag's value (``vars`` of the parsed namespace).
+            policy_dir: The policy's Hugging Face folder (its tokenizer decodes the run's
+                tokens in ``agentrl view``).
+        """
+        launches: list[Any] = []
+        if self.run_path.is_file():
+            with contextlib.suppress(ValueError, OSError):
+                launches = list(json.loads(self.run_path.read_text(encoding="utf-8"))["launches"])
+        launches.append({"argv": list(argv), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                         "flags": json.loads(json.dumps(dict(flags), default=str)),
+                         "policy_dir": policy_dir})
+        staging = self.run_path.with_name(self.run_path.name + ".tmp")
+        staging.write_text(json.dumps({"launches": launches}, indent=1) + "\n", encoding="utf-8")
+        staging.replace(self.run_path)
 
     def counters(self, pending: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The run-level counters to save with a checkpoint (JSON-able; :meth:`restore` takes

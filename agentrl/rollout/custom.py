@@ -322,7 +322,7 @@ async def run_custom_generate(
     states: dict[int, _SampleState] = {}
     for sample in samples:
         sample.status, sample.reward = Status.PENDING, None
-        episode = Episode(ctx, sample, f"{rid}-s{sample.index}", record_messages=evaluation)
+        episode = Episode(ctx, sample, f"{rid}-s{sample.index}")
         try:
             await episode.start()
         except Exception as exc:  # noqa: BLE001 - an env that cannot reset fails its sample

@@ -13,6 +13,10 @@ turns' ids with loss mask 1, the env's replies as template deltas with loss mask
 :mod:`agentrl.rollout.trajectory`). Without one (a scripted evaluation, no model) it plays
 messages only and the sample has no tokens.
 
+Every played sample also keeps, for logs and ``agentrl view``, its conversation as chat
+messages (``metadata["messages"]``) and what the env recorded of the episode
+(:meth:`~agentrl.env.ToolEnv.episode_record`: ``grade``, and a sandboxed env's ``commands``).
+
 The episode's fate is the sample's status:
 
 ========================================  ===========  ==============================
@@ -288,17 +292,14 @@ class Episode:
         sample: The sample to fill (fresh, or one this episode already started).
         rid: Request-id prefix of the episode's engine requests (abort matches by prefix).
         turns: The turn source (default: the context's).
-        record_messages: Keep the conversation as messages in ``metadata["messages"]``
-            (evaluation results show it).
     """
 
     def __init__(self, ctx: RolloutContext, sample: Sample, rid: str, *,
-                 turns: TurnSource | None = None, record_messages: bool = False) -> None:
+                 turns: TurnSource | None = None) -> None:
         self.ctx = ctx
         self.sample = sample
         self.rid = rid
         self.source = turns or ctx.turns
-        self.record_messages = record_messages
         self.env: ToolEnv | None = None
         self.history: list[dict[str, Any]] = []
         self.tools: list[dict[str, Any]] | None = None
@@ -406,7 +407,9 @@ class Episode:
                    messages: Sequence[Mapping[str, Any]], tools_s: float = 0.0
                    ) -> list[dict[str, Any]] | None:
         """Adds the env's reply to the sample (the template delta, loss mask 0), tool results
-        cut to fit the context when needed (counted in ``metadata["tool_outputs_cut"]``).
+        cut to fit the context when needed (counted in ``metadata["tool_outputs_cut"]``; each
+        in ``metadata["cut_messages"]``: its index in the conversation, its length and the
+        length the model saw).
 
         Args:
             history: The conversation up to and including the last assistant message.
@@ -425,10 +428,15 @@ class Episode:
         if not fits:
             self.finish(Status.TRUNCATED, "context")
             return None
-        cut = sum(1 for m, o in zip(appended, messages, strict=True) if m != o)
+        cut = [(len(history) + i, o, m) for i, (m, o) in enumerate(zip(appended, messages, strict=True))
+               if m != o]
         if cut:
             meta = self.sample.metadata
-            meta["tool_outputs_cut"] = meta.get("tool_outputs_cut", 0) + cut
+            meta["tool_outputs_cut"] = meta.get("tool_outputs_cut", 0) + len(cut)
+            # which messages of the conversation the model saw shortened, and by how much
+            meta.setdefault("cut_messages", []).extend(
+                {"message": index, "original_chars": len(str(o.get("content") or "")),
+                 "shown_chars": len(str(m.get("content") or ""))} for index, o, m in cut)
         return appended
 
     def finish(self, status: Status, finish: str) -> None:
@@ -447,12 +455,14 @@ class Episode:
                 sample.metadata["weight_versions"] = list(self.trajectory.weight_versions)
         else:
             sample.response = self.last_text
-        if self.record_messages and status is not Status.SKIPPED:  # a copy of a huge prompt
+        if status is not Status.SKIPPED:  # a skipped sample's prompt never fit: no copy of it
             messages = list(self.env.messages) if self.env is not None else list(self.history)
             if finish in ("length", "stop"):
                 # the last turn never reached an env: keep what the model wrote
                 messages.append({"role": "assistant", "content": self.last_text})
             sample.metadata["messages"] = [dict(m) for m in messages]
+        if self.env is not None:  # the grader's findings and the sandbox's command log
+            sample.metadata.update(self.env.episode_record())
         self.done = True
 
     def fail(self, exc: BaseException, *, report: bool = True) -> None:

@@ -337,7 +337,7 @@ class RolloutRunner:
             if sample.status is Status.ABORTED:  # its env is gone (restart): play it afresh
                 sample.metadata["restarted"] = sample.metadata.get("restarted", 0) + 1
             sample.status, sample.reward = Status.PENDING, None
-            episode = Episode(self.ctx, sample, rid, record_messages=self.evaluation)
+            episode = Episode(self.ctx, sample, rid)
         else:
             episode.rid = rid
         async with self._semaphore:
@@ -346,7 +346,7 @@ class RolloutRunner:
             retry = sample.metadata["sandbox_retries"]
             # a suffix of its own: the engine's per-episode state starts afresh, and an abort
             # of the rollout's (or the group's) prefix still reaches it
-            episode = Episode(self.ctx, sample, f"{rid}-r{retry}", record_messages=self.evaluation)
+            episode = Episode(self.ctx, sample, f"{rid}-r{retry}")
             async with self._semaphore:
                 await episode.run()
         if sample.status is Status.ABORTED:
@@ -376,7 +376,7 @@ class RolloutRunner:
         if sample.status not in (Status.PENDING, Status.ABORTED):
             return [sample]
         sample.status, sample.reward = Status.PENDING, None
-        episode = Episode(self.ctx, sample, rid, record_messages=self.evaluation)
+        episode = Episode(self.ctx, sample, rid)
         async with self._semaphore:
             return await self.ctx.agents.play(episode, evaluation=self.evaluation)
 

@@ -156,7 +156,7 @@ class BfclEnv(ToolEnv):
             task["functions"], final.get("tool_calls") or [], task["ground_truth"],
             task["category"],
         )
-        state.data["verdict"] = verdict
+        state.grade = {"valid": verdict.valid, "error": verdict.error}
         return 1.0 if verdict.valid else 0.0
 
     def oracle_action(self, task: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> str:

@@ -78,7 +78,9 @@ class CalcEnv(ToolEnv):
 
     def compute_reward(self, task: Mapping[str, Any], final: Mapping[str, Any], state: EpisodeState) -> float:
         answers = _ANSWER_RE.findall(final.get("content", ""))
-        return 1.0 if answers and int(answers[-1]) == int(task["answer"]) else 0.0
+        given = int(answers[-1]) if answers else None
+        state.grade = {"answer": given, "expected": int(task["answer"])}
+        return 1.0 if given == int(task["answer"]) else 0.0
 
     def task_set(self, split: str = "test", limit: int | None = None) -> list[dict[str, Any]]:
         """The first ``limit`` (default 1000) tasks of ``split``.

@@ -247,13 +247,13 @@ class HarborEnv(SandboxedToolEnv):
     async def compute_reward(
         self, task: Mapping[str, Any], final: Mapping[str, Any], state: EpisodeState
     ) -> float:
-        """Grades the episode as Harbor does (see the class docstring); ``state.data["grade"]``
+        """Grades the episode as Harbor does (see the class docstring); ``state.grade``
         and ``self.last_grade`` keep the verifier's exit code, output tail and rewards."""
         harbor = self.harbor_task(task)
         sandbox = self.sandbox
         assert sandbox is not None
         reward, details = await grade(sandbox, harbor, self._images[harbor.name].workdir)
-        state.data["grade"] = self.last_grade = details
+        state.grade = self.last_grade = details
         return reward
 
     def oracle_action(self, task: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> str:

@@ -99,11 +99,12 @@ class HumanEvalEnv(SandboxedToolEnv):
     ) -> float:
         code = extract_code(final.get("content") or "", task["entry_point"])
         if code is None:
+            state.grade = {"passed": False, "detail": "no code block defining the entry point"}
             return 0.0
         if self.sandbox is None:
             raise AgentRLError("HumanEvalEnv.compute_reward needs the episode's sandbox")
         passed, detail = await run_check(self.sandbox, task, code, self.test_timeout_s)
-        state.data["grading"] = detail
+        state.grade = {"passed": passed, "detail": detail}
         return 1.0 if passed else 0.0
 
     def oracle_action(self, task: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> str:

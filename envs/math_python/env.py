@@ -129,8 +129,9 @@ class MathPythonEnv(SandboxedToolEnv):
         self, task: Mapping[str, Any], final: Mapping[str, Any], state: EpisodeState
     ) -> float:
         answer = extract_answer(final.get("content") or "")
-        state.data["answer"] = answer
-        return score_answer(task, answer)
+        score = score_answer(task, answer)
+        state.grade = {"answer": answer, "expected": task["answer"], "score": score}
+        return score
 
     def oracle_action(self, task: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> str:
         """Answers the task's ground-truth answer."""

@@ -172,8 +172,9 @@ class SweToolsEnv(SandboxedToolEnv):
             return 0.0
         result = await grade_task(self.sandbox, task, self.test_timeout)
         self.last_grade = result
-        state.data["grade"] = {"passed": len(result.passed & set(result.expected)),
-                               "expected": len(result.expected), "error": result.error}
+        state.grade = {"passed": sorted(result.passed & set(result.expected)),
+                       "expected": list(result.expected), "error": result.error,
+                       "log_tail": str(result.details.get("log_tail", ""))[-2000:]}
         if self.reward == "fraction":
             return result.fraction
         return 1.0 if result.all_passed else 0.0

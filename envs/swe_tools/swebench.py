@@ -172,7 +172,7 @@ class SweBenchEnv(SandboxedToolEnv):
             return 0.0
         report = await self.grade(self.sandbox, task)
         self.last_report = report
-        state.data["grade"] = report
+        state.grade = report
         return 1.0 if report["resolved"] else 0.0
 
     async def grade(self, sandbox: Sandbox, task: Mapping[str, Any]) -> dict[str, Any]:

@@ -190,7 +190,7 @@ def test_a_lost_sandbox_fails_the_episode_not_the_tool_call():
     sample = Sample(group_id=0, metadata={"task": {"id": "t0", "command": "echo done"}})
 
     async def main() -> tuple[Sample, list[dict[str, Any]]]:
-        episode = Episode(ctx, sample, "r0-g0-s0", record_messages=True)
+        episode = Episode(ctx, sample, "r0-g0-s0")
         try:
             return await episode.run(), sample.metadata["messages"]
         finally:
