@@ -61,6 +61,7 @@ bench: setup system
 	$(PY) bench/sandbox.py
 	$(PY) bench/swe_tools.py
 	$(PY) bench/harbor.py
+	$(PY) bench/viewer.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .hypothesis

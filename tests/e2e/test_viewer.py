@@ -134,6 +134,15 @@ def test_the_overview_draws_one_point_per_logged_rollout(page, viewer, runs, sho
     assert "--custom-rm-path" in page.locator("#summary").inner_text()
     page.locator("figure[data-metric='rollout/reward_mean'] svg").hover()
     assert page.locator("#tooltip").is_visible() and "rollout/reward_mean" in page.locator("#tooltip").inner_text()
+    chart = page.locator("figure[data-metric='rollout/reward_mean']")
+    box = chart.locator("svg").bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.2, box["y"] + box["height"] * 0.5)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.8, box["y"] + box["height"] * 0.5, steps=5)
+    page.mouse.up()
+    assert "zoomed" in chart.get_attribute("class")  # a drag zooms into the range it covered
+    chart.locator("svg").dblclick()
+    assert "zoomed" not in chart.get_attribute("class")
     page.screenshot(path=str(shots / "run-overview.png"), full_page=True)
 
 

@@ -451,6 +451,12 @@ function turnTable(turns) {
   return table;
 }
 
+function commandCell(command) {  // a long command (a grader's inline script) folds to its first line
+  const text = String(command || "");
+  if (text.length <= 160 && !text.includes("\n")) return h("code", {}, text);
+  return h("details", {}, h("summary", {}, h("code", {}, text.split("\n")[0].slice(0, 120) + " …")), h("pre", {}, text));
+}
+
 function commandTable(commands) {
   if (!commands || !commands.length) return h("p", {class: "muted", id: "commands"}, "no sandbox commands recorded");
   const table = h("table", {class: "commands", id: "commands"});
@@ -459,7 +465,7 @@ function commandTable(commands) {
     if (c.kind === "dropped") { table.append(h("tr", {}, h("td", {colspan: 7, class: "muted"}, `${c.count} more not recorded`))); continue; }
     const status = c.timed_out ? "timeout" : c.limit_hit ? c.limit_hit : c.exit_code ?? (c.bytes !== undefined ? `${c.bytes} B` : "");
     table.append(h("tr", {class: c.exit_code ? "failed" : ""}, h("td", {}, c.phase), h("td", {}, c.turn), h("td", {}, c.kind),
-      h("td", {}, h("code", {}, c.command)), h("td", {}, status), h("td", {}, fmt(c.duration_s)),
+      h("td", {}, commandCell(c.command)), h("td", {}, status), h("td", {}, fmt(c.duration_s)),
       h("td", {}, c.output ? h("details", {}, h("summary", {}, `${c.output_chars} chars`), h("pre", {}, c.output)) : "")));
   }
   return table;
