@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import hashlib
 import threading
@@ -39,6 +40,20 @@ Find the cause of the issue in the source code and fix it with a small change. D
 the tests: your fix is graded with the project's full test suite, including tests you cannot \
 see, and changes to test files are discarded. Call submit when you are done."""
 
+COMPACT_SYSTEM_PROMPT = """\
+Fix the bug in the Python project in /workspace. Tools: search(pattern, path), \
+editor(command=view|str_replace, path, view_range, old_str, new_str), run_tests(), submit(). \
+Call one like this:
+{example}
+Look before you edit, run the tests, then submit."""
+"""The ``compact=True`` system prompt; ``{example}`` is one call in the env's tool-call format."""
+_EXAMPLE_CALL = ToolCall("editor", {"command": "view", "path": "app.py", "view_range": [10, 20]})
+LEVELS = ("standard", "located")
+"""``standard``: the issue as a user reports it. ``located``: the issue also names the file and
+line of the bug and quotes that line (for small models; see :class:`SweToolsEnv`)."""
+VIEW_MARGIN = 4
+"""Lines the oracle views on each side of the line it fixes."""
+
 _LOADED: dict[tuple, list[dict[str, Any]]] = {}
 _LOAD_LOCK = threading.Lock()
 
@@ -69,6 +84,15 @@ class SweToolsEnv(SandboxedToolEnv):
         modules: Standard-library modules to draw from (default: all nine).
         per_module: Most tasks per module.
         test_timeout: Seconds the grading test run may take.
+        level: ``standard`` (default): the issue as a user would report it (the failing check,
+            its error, the API it exercises). ``located``: the issue also says in which file
+            and on which line the bug is, and quotes that line; the agent still has to see what
+            is wrong, edit it, and is graded by the same hidden tests. A level for small models
+            (the built-in tiny model cannot find a bug from a test failure alone).
+        compact: A short system prompt that names the tools and shows one call, instead of
+            the chat template's listing of every tool's JSON schema (about 1,500 tokens with
+            the built-in tiny tokenizer); ``reset`` then returns no schemas in
+            ``info["tools"]``. The tools run and are parsed exactly as before.
         **kwargs: Passed to :class:`agentrl.env.SandboxedToolEnv` (``sandbox``, ``limits``,
             ``max_turns``, ...).
     """
@@ -88,12 +112,20 @@ class SweToolsEnv(SandboxedToolEnv):
         modules: Sequence[str] | None = None,
         per_module: int = generate.DEFAULT_PER_MODULE,
         test_timeout: float = 300,
+        level: str = "standard",
+        compact: bool = False,
         **kwargs: Any,
     ) -> None:
         check_split(type(self), split, SPLITS)
         if reward not in REWARDS:
             raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
+        if level not in LEVELS:
+            raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+        if not isinstance(compact, bool):
+            raise ValueError(f"compact must be true or false, got {compact!r}")
         super().__init__(**kwargs)
+        self.level = level
+        self.compact = compact
         self.split = split
         self.reward = reward
         self.seed = seed
@@ -159,10 +191,20 @@ class SweToolsEnv(SandboxedToolEnv):
             f"The project in /workspace has these files:\n{listing}\n\n"
             f"Please fix this issue:\n\n{task['problem_statement']}"
         )
-        return [
-            {"role": "system", "content": SYSTEM_PROMPT.format(visible=visible)},
-            {"role": "user", "content": user},
-        ]
+        if self.level == "located":
+            line, text = bug_line(task)
+            user += f"\n\nThe bug is in {task['fix']['path']}, line {line}:\n```python\n{text}\n```"
+        system = (COMPACT_SYSTEM_PROMPT.format(example=self.format.render("", [_EXAMPLE_CALL]))
+                  if self.compact else SYSTEM_PROMPT.format(visible=visible))
+        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        observation, info = await super().areset(seed=seed, options=options)
+        if self.compact:  # the system prompt names the tools; the template lists no schema
+            info = {**info, "tools": []}
+        return observation, info
 
     async def compute_reward(
         self, task: Mapping[str, Any], final: Mapping[str, Any], state: EpisodeState
@@ -180,14 +222,59 @@ class SweToolsEnv(SandboxedToolEnv):
         return 1.0 if result.all_passed else 0.0
 
     def oracle_action(self, task: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> str:
-        """Applies the task's fix with the editor (unless that call was made already), then
-        submits."""
+        """The next step of an engineer's procedure that knows the fix (:meth:`oracle_plan`):
+        the first planned call not made yet, with a short note."""
+        for note, call in self.oracle_plan(task):
+            if not made_call(history, call):
+                return self.format.render(note, [call])
+        return self.format.render("Done.", [ToolCall("submit", {})])
+
+    def oracle_plan(self, task: Mapping[str, Any]) -> list[tuple[str, ToolCall]]:
+        """Look, then edit: search for the function the bug is in (``standard`` level; the
+        ``located`` issue already says where), view the lines around it, replace the buggy
+        text, run the visible tests, submit. With fewer than five turns (``max_turns``) the
+        test run goes first, then the search: the edit and the submit always stay."""
         fix = task["fix"]
-        call = ToolCall("editor", {"command": "str_replace", "path": fix["path"],
-                                   "old_str": fix["old"], "new_str": fix["new"]})
-        if not made_call(history, call):
-            return self.format.render("I will fix the bug.", [call])
-        return self.format.render("The fix is in place.", [ToolCall("submit", {})])
+        line, _ = bug_line(task)
+        last = task["files"][fix["path"]].count("\n") + 1
+        view = [max(1, line - VIEW_MARGIN), min(last, line + VIEW_MARGIN)]
+        function = enclosing_function(task["files"][fix["path"]], line)
+        steps: list[tuple[str, str, ToolCall]] = []
+        if self.level == "standard" and function is not None:
+            steps.append(("search", f"I will find `{function}`.",
+                          ToolCall("search", {"pattern": f"def {function}\\b", "path": fix["path"]})))
+        steps += [
+            ("view", "Let me look at the code.",
+             ToolCall("editor", {"command": "view", "path": fix["path"], "view_range": view})),
+            ("edit", "This line is wrong; I will fix it.",
+             ToolCall("editor", {"command": "str_replace", "path": fix["path"],
+                                 "old_str": fix["old"], "new_str": fix["new"]})),
+            ("test", "Now the tests.", ToolCall("run_tests", {})),
+            ("submit", "The tests pass.", ToolCall("submit", {})),
+        ]
+        for optional in ("test", "search", "view"):
+            if len(steps) <= self.max_turns:
+                break
+            steps = [step for step in steps if step[0] != optional]
+        return [(note, call) for _, note, call in steps]
+
+
+def bug_line(task: Mapping[str, Any]) -> tuple[int, str]:
+    """The 1-based line of the buggy file where the fix's old text starts, and that line."""
+    buggy = task["files"][task["fix"]["path"]]
+    start = buggy.index(task["fix"]["old"]) if task["fix"]["old"] else 0
+    number = buggy.count("\n", 0, start) + 1
+    return number, buggy.splitlines()[number - 1] if buggy else ""
+
+
+def enclosing_function(source: str, line: int) -> str | None:
+    """The name of the innermost function (or method) whose body holds ``line``."""
+    best: tuple[int, str] | None = None
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.lineno <= line <= (node.end_lineno or 0):
+            if best is None or node.lineno > best[0]:
+                best = (node.lineno, node.name)
+    return best[1] if best else None
 
 
 def made_call(history: Sequence[Mapping[str, Any]], call: ToolCall) -> bool:

@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 
 from agentrl import check_env, make_env
+from agentrl.tools import ToolCall
 from agentrl_envs.swe_tools import SweBenchEnv, SweToolsEnv, generate
+from agentrl_envs.swe_tools.env import bug_line
 from tests.support.sandboxes import backend_skip_reason
 
 BWRAP_SKIP = backend_skip_reason("bwrap")
@@ -62,7 +64,8 @@ async def _play(env: Any, task: dict[str, Any], policy: str,
 
 
 async def _play_all(rows: Sequence[dict[str, Any]], policy: str,
-                    script: Sequence[dict[str, Any]] = ()) -> list[tuple[float, list[dict[str, Any]]]]:
+                    script: Sequence[dict[str, Any]] = (), **env_kwargs: Any
+                    ) -> list[tuple[float, list[dict[str, Any]]]]:
     """Plays every row with ENVS env instances concurrently (async API): (reward, history)."""
     queue: asyncio.Queue[tuple[int, dict[str, Any]]] = asyncio.Queue()
     for item in enumerate(rows):
@@ -70,7 +73,7 @@ async def _play_all(rows: Sequence[dict[str, Any]], policy: str,
     results: list[Any] = [None] * len(rows)
 
     async def worker() -> None:
-        env = SweToolsEnv(sandbox="bwrap")
+        env = SweToolsEnv(sandbox="bwrap", **env_kwargs)
         try:
             while not queue.empty():
                 index, row = queue.get_nowait()
@@ -153,6 +156,68 @@ def test_oracle_solves_and_null_fails_a_sample(tasks: list[dict[str, Any]]) -> N
           f"null {sum(null) / len(sample):.0%}")
     assert sum(oracle) / len(sample) >= 0.95, [t["id"] for t, r in zip(sample, oracle, strict=True) if r < 1]
     assert sum(null) / len(sample) <= 0.05
+
+
+def _calls(history: Sequence[dict[str, Any]]) -> list[str]:
+    return [f"{c['name']}:{c['arguments'].get('command', '')}".rstrip(":")
+            for m in history if m["role"] == "assistant" for c in m.get("tool_calls") or ()]
+
+
+def test_the_oracle_looks_before_it_edits_then_tests_and_submits(tasks: list[dict[str, Any]]) -> None:
+    env = SweToolsEnv(sandbox="bwrap", max_turns=5)
+    task = env.task_set("train", 1)[0]
+    reward, history = asyncio.run(_play(env, task, "oracle"))
+    assert reward == 1.0
+    assert _calls(history) == ["search", "editor:view", "editor:str_replace", "run_tests", "submit"]
+    search = history[2]["tool_calls"][0]["arguments"]
+    assert search["path"] == task["fix"]["path"] and search["pattern"].startswith("def ")
+    assert "passed" in history[9]["content"]  # the visible tests ran, and pass after the fix
+    # with fewer turns, the test run and then the search give way; the edit and submit stay
+    short = SweToolsEnv(sandbox="bwrap", max_turns=3)
+    assert [c.name for _, c in short.oracle_plan(task)] == ["editor", "editor", "submit"]
+    assert [c.name for _, c in SweToolsEnv(sandbox="bwrap", max_turns=2).oracle_plan(task)] == ["editor", "submit"]
+
+
+def test_the_located_level_names_the_buggy_line_and_keeps_the_task(tasks: list[dict[str, Any]]) -> None:
+    standard = SweToolsEnv(sandbox="bwrap")
+    located = SweToolsEnv(sandbox="bwrap", level="located")
+    for task in standard.task_set("test", SAMPLE):
+        line, text = bug_line(task)
+        assert task["files"][task["fix"]["path"]].splitlines()[line - 1] == text
+        assert task["fix"]["old"].startswith(text)
+        base, hinted = standard.make_prompt(task)[1]["content"], located.make_prompt(task)[1]["content"]
+        assert hinted.startswith(base)  # the same issue, plus where the bug is
+        assert hinted.endswith(f"The bug is in {task['fix']['path']}, line {line}:\n```python\n{text}\n```")
+    with pytest.raises(ValueError, match="level must be one of"):
+        SweToolsEnv(sandbox="bwrap", level="trivial")
+
+
+def test_the_oracle_solves_the_located_level_with_compact_prompts(tasks: list[dict[str, Any]]) -> None:
+    env = SweToolsEnv(sandbox="bwrap", level="located", compact=True)
+    sample = env.task_set("test", SAMPLE)
+    played = asyncio.run(_play_all(sample, "oracle", level="located", compact=True))
+    assert _rewards(played) == [1.0] * len(sample)
+    assert _calls(played[0][1]) == ["editor:view", "editor:str_replace", "run_tests", "submit"]
+    null = _rewards(asyncio.run(_play_all(sample, "null", level="located", compact=True)))
+    assert sum(null) == 0.0
+
+
+def test_compact_prompts_list_no_schemas_and_the_tools_still_parse(tasks: list[dict[str, Any]]) -> None:
+    env = SweToolsEnv(sandbox="bwrap", compact=True)
+    task = env.task_set("test", 1)[0]
+
+    async def main() -> tuple[Any, ...]:
+        obs, info = await env.areset(options={"task": task})
+        view = env.format.render("", [ToolCall("editor", {"command": "view", "path": task["fix"]["path"],
+                                                          "view_range": [1, 3]})])
+        step = await env.astep(view)  # raw model text, parsed with the env's tool-call format
+        await env.aclose()
+        return obs, info, step
+
+    obs, info, (observation, _, terminated, _, step_info) = asyncio.run(main())
+    assert info["tools"] == [] and len(obs[0]["content"]) < 400
+    assert "editor(" in obs[0]["content"] and "<tool_call>" in obs[0]["content"]
+    assert step_info["tool_errors"] == {} and not terminated and "1\t" in observation[0]["content"]
 
 
 def test_fraction_reward(tasks: list[dict[str, Any]]) -> None:
