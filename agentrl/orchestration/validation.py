@@ -271,7 +271,12 @@ def _check_weight_sync(args: Args) -> None:
 
 
 def _check_algorithm(args: Args) -> None:
-    trainer, n = args.trainer, args.rollout.n_samples_per_prompt
+    trainer, n, rollout = args.trainer, args.rollout.n_samples_per_prompt, args.rollout
+    if (trainer.loss_type != "sft_loss" and rollout.env is None and rollout.custom_rm_path is None
+            and rollout.custom_generate_function_path is None and not rollout.has_agent):
+        # a supervised warm start on conversations needs none: it learns the demonstrations
+        raise ConfigError("no reward: without --env, pass --custom-rm-path (or a "
+                          "--custom-generate-function-path that sets sample.reward)")
     if (trainer.loss_type == "policy_loss" and n < 2
             and trainer.advantage_estimator in GROUP_RELATIVE_ESTIMATORS):
         raise ConfigError(

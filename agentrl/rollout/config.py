@@ -193,10 +193,6 @@ class RolloutConfig:
         if self.env is None and self.prompt_data is None and self.data_source_path is None:
             raise ConfigError("nothing to roll out: pass --env ID (its tasks) and/or "
                               "--prompt-data FILE")
-        if (self.env is None and self.custom_rm_path is None
-                and self.custom_generate_function_path is None and not self.has_agent):
-            raise ConfigError("no reward: without --env, pass --custom-rm-path (or a "
-                              "--custom-generate-function-path that sets sample.reward)")
         plays = [name for name in ("custom_generate_function_path", "agent_function_path",
                                    "agent_command") if getattr(self, name)]
         if len(plays) > 1:
