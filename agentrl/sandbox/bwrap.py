@@ -15,7 +15,9 @@ import contextlib
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
+from typing import IO
 
 from agentrl.sandbox import _procs
 from agentrl.sandbox._io import kill_process_group
@@ -70,6 +72,7 @@ class BwrapSandbox(LocalSandbox):
                 )
         super().__init__(limits, tag=tag, ro_binds=ro_binds)
         self._holder: asyncio.subprocess.Process | None = None
+        self._holder_stderr: IO[bytes] | None = None
         self._ns_pid: int | None = None
 
     async def start(self) -> None:
@@ -85,11 +88,14 @@ class BwrapSandbox(LocalSandbox):
             *self._rlimits(cpu=False), *self._drop_to_uid(), *self._bwrap_args(),
             "--info-fd", str(info_w), "--", "sleep", "infinity",
         ]
+        # bwrap's stderr goes to a file, not a pipe: a pipe transport of a long-lived holder
+        # could outlive the event loop (closed with the loop gone: a traceback at exit)
+        self._holder_stderr = tempfile.TemporaryFile()
         try:
             with _procs.spawning():
                 self._holder = await asyncio.create_subprocess_exec(
                     *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                    stderr=asyncio.subprocess.PIPE, pass_fds=(info_w,), start_new_session=True,
+                    stderr=self._holder_stderr, pass_fds=(info_w,), start_new_session=True,
                     env={"PATH": BASE_PATH}, cwd=self.workspace,
                 )
                 _procs.track_child(self._holder)
@@ -98,9 +104,8 @@ class BwrapSandbox(LocalSandbox):
         try:
             info = await asyncio.wait_for(asyncio.to_thread(_read_info, info_r), 30)
         except (TimeoutError, ValueError) as exc:
-            stderr = b""
-            if self._holder.returncode is not None and self._holder.stderr is not None:
-                stderr = await self._holder.stderr.read()
+            self._holder_stderr.seek(0)
+            stderr = self._holder_stderr.read(8192)
             raise SandboxError(f"bwrap did not start: {exc} {stderr.decode(errors='replace')}") from exc
         self._ns_pid = int(info["child-pid"])
         await self._wait_ready()
@@ -171,13 +176,17 @@ class BwrapSandbox(LocalSandbox):
 
     async def _stop_holder(self) -> None:
         holder, self._holder = self._holder, None
-        if holder is None:
-            return
-        # Not holder.kill(): Popen.send_signal polls first and would reap the child under
-        # asyncio's watcher, losing its status. The holder leads its own process group.
-        kill_process_group(holder.pid)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(holder.wait(), 5)
+        stderr, self._holder_stderr = self._holder_stderr, None
+        try:
+            if holder is not None:
+                # Not holder.kill(): Popen.send_signal polls first and would reap the child
+                # under asyncio's watcher, losing its status. The holder leads its own group.
+                kill_process_group(holder.pid)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(holder.wait(), 5)
+        finally:
+            if stderr is not None:
+                stderr.close()
 
     async def close(self) -> None:
         if self.closed:

@@ -69,14 +69,20 @@ class RecordingSandbox(Sandbox):
 
     It is a :class:`Sandbox`, so tools that ask for one by annotation receive it; attributes it
     lacks (a backend's own methods) are the wrapped sandbox's. Closing it does not close
-    ``inner``: the pool that lent ``inner`` takes it back.
+    ``inner`` (the pool that lent ``inner`` takes it back); ``closed`` is ``inner``'s.
     """
 
     def __init__(self, inner: Sandbox, log: CommandLog) -> None:
-        super().__init__(inner.limits)
+        # not Sandbox.__init__: ``closed`` is the wrapped sandbox's (a property), no flag of ours
         self.inner = inner
         self.log = log
+        self.limits = inner.limits
         self.backend = inner.backend
+
+    @property
+    def closed(self) -> bool:  # type: ignore[override]
+        """Whether the wrapped sandbox is closed (the pool closes it when it is not reused)."""
+        return self.inner.closed
 
     def __getattr__(self, name: str) -> Any:
         # a backend's own methods (docker's host_dir, say) stay reachable through the wrapper
@@ -115,8 +121,7 @@ class RecordingSandbox(Sandbox):
         self.log.add("write", path, started, bytes=len(data.encode() if isinstance(data, str) else data))
 
     async def close(self) -> None:
-        """Marks the wrapper closed; ``inner`` goes back to its pool through the env."""
-        self.closed = True
+        """Does nothing: ``inner`` goes back to its pool through the env, which closes it."""
 
 
 class _RecordingShell(ShellSession):

@@ -76,5 +76,7 @@ def test_closing_the_wrapper_leaves_the_lent_sandbox_to_its_pool():
 
 async def _close(recording, _):
     await recording.close()
-    assert recording.closed and not recording.inner.closed
+    assert not recording.closed and not recording.inner.closed  # closed is the lent sandbox's
     assert (await recording.inner.exec("echo still here")).stdout.strip() == "still here"
+    await recording.inner.close()
+    assert recording.closed
