@@ -148,7 +148,9 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
     propagate: those are bugs, not model behaviour.
 
     **Info.** ``reset`` returns ``{"task" (a copy of the task row), "tools" (OpenAI-style
-    schemas), "max_turns", "turn"}``. ``step`` returns ``{"turn", "tool_calls" (names),
+    schemas; empty when :attr:`show_tool_schemas` is false: a compact prompt names the tools
+    itself and the chat template lists none, while the tools still run), "max_turns",
+    "turn"}``. ``step`` returns ``{"turn", "tool_calls" (names),
     "tool_errors" (kind -> count, this step), "tool_results" (per call: name, error kind or
     ``None``), "episode_tool_errors" (kind -> count so far)}``. Observations and infos are new
     objects on every call (changing one never changes the env or a later return), and they hold
@@ -200,6 +202,9 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
     """Default tools of the env class."""
     mcp_servers: ClassVar[Sequence[McpServer]] = ()
     """Default MCP servers of the env class (:class:`~agentrl.tools.mcp.McpServer`)."""
+    show_tool_schemas: bool = True
+    """Whether ``reset`` hands the model the tools' JSON schemas (``info["tools"]``, which the
+    chat template lists); envs with a compact prompt for small models turn it off."""
     default_max_turns: ClassVar[int] = 8
     env_id: str | None = None
     """The registry id this instance was made from (set by ``make_env``)."""
@@ -370,7 +375,7 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
         # Copies: what the caller keeps must not alias the env's task, schemas or transcript.
         info = {
             "task": copy.deepcopy(task),
-            "tools": copy.deepcopy(self.toolbox.schemas),
+            "tools": copy.deepcopy(self.toolbox.schemas) if self.show_tool_schemas else [],
             "max_turns": self.max_turns,
             "turn": 0,
         }

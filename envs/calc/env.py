@@ -54,6 +54,7 @@ class CalcEnv(ToolEnv):
         super().__init__(**kwargs)
         self.split = split
         self.compact = compact
+        self.show_tool_schemas = not compact  # the compact prompt shows the call itself
         self.system_prompt = (
             COMPACT_SYSTEM_PROMPT.format(example=self.format.render("", [_EXAMPLE_CALL]))
             if compact else SYSTEM_PROMPT
@@ -68,13 +69,6 @@ class CalcEnv(ToolEnv):
             {"role": "user", "content": str(task["question"])},
         ]
 
-    async def areset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        observation, info = await super().areset(seed=seed, options=options)
-        if self.compact:  # the system prompt shows the call; the template lists no schema
-            info = {**info, "tools": []}
-        return observation, info
 
     def compute_reward(self, task: Mapping[str, Any], final: Mapping[str, Any], state: EpisodeState) -> float:
         answers = _ANSWER_RE.findall(final.get("content", ""))

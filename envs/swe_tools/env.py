@@ -126,6 +126,7 @@ class SweToolsEnv(SandboxedToolEnv):
         super().__init__(**kwargs)
         self.level = level
         self.compact = compact
+        self.show_tool_schemas = not compact  # the compact prompt names the tools itself
         self.split = split
         self.reward = reward
         self.seed = seed
@@ -198,13 +199,6 @@ class SweToolsEnv(SandboxedToolEnv):
                   if self.compact else SYSTEM_PROMPT.format(visible=visible))
         return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
-    async def areset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        observation, info = await super().areset(seed=seed, options=options)
-        if self.compact:  # the system prompt names the tools; the template lists no schema
-            info = {**info, "tools": []}
-        return observation, info
 
     async def compute_reward(
         self, task: Mapping[str, Any], final: Mapping[str, Any], state: EpisodeState
