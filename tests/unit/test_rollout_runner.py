@@ -141,8 +141,6 @@ def test_config_validation_names_the_flag():
 
     with pytest.raises(ConfigError, match="--rollout-batch-size must be >= 1"):
         RolloutConfig(env="calc", rollout_batch_size=0).validate()
-    with pytest.raises(ConfigError, match="--custom-rm-path"):
-        RolloutConfig(prompt_data="x.jsonl").validate()
     with pytest.raises(ConfigError, match="--eval-prompt-data names must be unique"):
         RolloutConfig(env="calc", eval_prompt_data=[["a", "x"], ["a", "y"]]).validate()
 

@@ -238,6 +238,16 @@ def test_a_model_the_embedded_engine_cannot_serve_is_refused_at_start_up(
     assert "--rollout-backend sglang" in err
 
 
+def test_a_run_without_a_reward_is_refused_unless_it_learns_demonstrations(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "conversations.jsonl"
+    data.write_text('{"prompt": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n')
+    err = refused(["--prompt-data", str(data)], capsys)
+    assert "no reward: without --env, pass --custom-rm-path" in err
+    # a supervised warm start on conversations learns the demonstrations: no reward needed
+    assert parse_args(["--prompt-data", str(data), "--loss-type", "sft_loss"]).trainer.loss_type == "sft_loss"
+
+
 def test_eval_interval_and_eval_sets_go_together(capsys: pytest.CaptureFixture[str]) -> None:
     err = refused([*ENV, "--eval-interval", "2"], capsys)
     assert "--eval-interval 2 evaluates nothing" in err
