@@ -37,7 +37,7 @@ from agentrl.errors import (
 )
 from agentrl.tools.calls import ToolCall
 from agentrl.tools.formats import ToolCallFormat, get_format
-from agentrl.tools.mcp._server import McpServer
+from agentrl.tools.mcp._server import McpServer, checked_servers
 from agentrl.tools.tool import Injected, Tool
 from agentrl.tools.toolbox import Toolbox, ToolOutcome, error_text
 
@@ -224,7 +224,7 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}")
         self.toolbox = Toolbox(type(self).tools if tools is None else tools)
-        self.mcp_servers: tuple[McpServer, ...] = _check_mcp_servers(
+        self.mcp_servers: tuple[McpServer, ...] = checked_servers(
             type(self).mcp_servers if mcp_servers is None else mcp_servers)
         self.mcp_pool: McpPool | None = None
         """Where this env's ``lifetime="run"`` MCP servers are shared (see :meth:`use_mcp_pool`)."""
@@ -571,21 +571,6 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
         if self._loop is None or self._loop.is_closed():
             self._loop = asyncio.new_event_loop()
         return self._loop.run_until_complete(coroutine)
-
-
-
-def _check_mcp_servers(servers: Iterable[McpServer]) -> tuple[McpServer, ...]:
-    """``servers`` as a tuple, each an McpServer with a label of its own."""
-    servers = tuple(servers)
-    labels: set[str] = set()
-    for server in servers:
-        if not isinstance(server, McpServer):
-            raise TypeError(f"mcp_servers must hold agentrl.tools.mcp.McpServer declarations, got "
-                            f"{type(server).__name__}")
-        if server.label in labels:
-            raise ValueError(f"two MCP servers are labelled {server.label!r}; give one a name=")
-        labels.add(server.label)
-    return servers
 
 
 def _call_from_dict(raw: Any, index: int) -> ToolCall | ToolOutcome:

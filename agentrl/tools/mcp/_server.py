@@ -12,7 +12,7 @@ import os
 import re
 import sys
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from agentrl.tools.tool import DEFAULT_TIMEOUT_S
@@ -199,3 +199,18 @@ def _string_map(values: Any, field: str) -> dict[str, str]:
     ):
         raise ValueError(f"McpServer {field} must map strings to strings, got {values!r}")
     return dict(values)
+
+
+def checked_servers(servers: Iterable[McpServer]) -> tuple[McpServer, ...]:
+    """``servers`` as a tuple, each an McpServer with a label of its own (an env's
+    ``mcp_servers``)."""
+    servers = tuple(servers)
+    labels: set[str] = set()
+    for server in servers:
+        if not isinstance(server, McpServer):
+            raise TypeError(f"mcp_servers must hold agentrl.tools.mcp.McpServer declarations, got "
+                            f"{type(server).__name__}")
+        if server.label in labels:
+            raise ValueError(f"two MCP servers are labelled {server.label!r}; give one a name=")
+        labels.add(server.label)
+    return servers
