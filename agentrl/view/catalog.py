@@ -371,6 +371,7 @@ class RunReader:
         self.metrics = JsonlIndex(self._own("metrics.jsonl"))
         self.evals = JsonlIndex(self._own("eval.jsonl"))
         self._rollouts: dict[str, _Rows] = {}
+        self._launches: tuple[Any, tuple[list[dict[str, Any]], list[str]]] | None = None
 
     def _own(self, name: str) -> Path:
         """``folder / name``, or, when that is a link out of the folder, a path that never
@@ -383,6 +384,18 @@ class RunReader:
     def launches(self) -> tuple[list[dict[str, Any]], list[str]]:
         """``run.json``'s launches, and the problems reading it."""
         path = self._own("run.json")
+        try:
+            stamp = path.stat()
+        except OSError:
+            stamp = None
+        key = None if stamp is None else (stamp.st_mtime_ns, stamp.st_size)
+        if key is not None and self._launches is not None and self._launches[0] == key:
+            return self._launches[1]  # read once per version of the file, not per request
+        found = self._read_launches(path)
+        self._launches = (key, found) if key is not None else None
+        return found
+
+    def _read_launches(self, path: Path) -> tuple[list[dict[str, Any]], list[str]]:
         if not path.is_file():
             return [], [f"{path.name} is missing (a run from before agentrl recorded its flags, "
                         "or one that is starting): no flags and no tokenizer to decode tokens"]
@@ -436,11 +449,7 @@ class RunReader:
         Raises:
             ViewError: No such rollout file.
         """
-        if file not in self.rollout_files():
-            raise ViewError(f"the run has no trajectories/{file}")
-        if file not in self._rollouts:
-            self._rollouts[file] = _Rows(self.folder / "trajectories" / file, eval_record=False)
-        rows = self._rollouts[file].refresh()
+        rows = self._rollout(file).refresh()
         flags = self.flags()
         estimator = flags.get("advantage_estimator", "grpo")
         if estimator in ("grpo", "gspo"):
@@ -454,10 +463,22 @@ class RunReader:
                     row["advantage"] = adv
         return rows
 
+    def _rollout(self, file: str) -> _Rows:
+        """The rows of ``trajectories/<file>``, checked by name and path alone (no listing of
+        the folder on every request).
+
+        Raises:
+            ViewError: Not a rollout file of this run (or a link out of it).
+        """
+        if file not in self._rollouts:
+            if not ROLLOUT_FILE.fullmatch(file) or inside(self.folder, f"trajectories/{file}") is None:
+                raise ViewError(f"the run has no trajectories/{file}")
+            self._rollouts[file] = _Rows(self.folder / "trajectories" / file, eval_record=False)
+        return self._rollouts[file]
+
     def sample(self, file: str, line: int) -> dict[str, Any]:
         """Line ``line`` (1-based) of ``trajectories/<file>`` as :func:`episode_view`."""
-        self.rows(file)
-        view = episode_view(self._rollouts[file].value(line), self.policy_dir())
+        view = episode_view(self._rollout(file).value(line), self.policy_dir())
         view["where"] = {"file": f"trajectories/{file}", "line": line}
         return view
 
