@@ -254,13 +254,13 @@ def test_search_contents_files_glob_and_caps(env: ProjectEnv) -> None:
 def test_run_tests_fix_and_submit(env: ProjectEnv) -> None:
     out = call(env, "run_tests")
     lines = out.splitlines()
-    assert lines[0].startswith("1 failed, 1 passed in ")
+    assert lines[0] == "1 failed, 1 passed"  # no wall time: the same run reads the same
     assert lines[2] == "FAILED tests/test_calc.py::test_add"
     assert "E   assert -1 == 3" in out
     out = call(env, "editor", command="str_replace", path="calc.py", old_str="return a - b",
                new_str="return a + b")
     assert out.startswith("Edited")
-    assert call(env, "run_tests").startswith("2 passed in ")
+    assert call(env, "run_tests") == "2 passed"
     assert call(env, "run_tests", path="tests/test_calc.py::test_mul").startswith("1 passed")
     assert "not found: nope" in call(env, "run_tests", path="nope")
     assert call(env, "run_tests", path="-x").startswith("Error: path takes test paths")
@@ -279,14 +279,14 @@ def test_run_tests_many_failures_collection_errors_and_timeout(env: ProjectEnv) 
         "def test_n(n):\n    print('captured', n)\n    assert n < 0\n"
     ))
     out = call(env, "run_tests", path="more/test_many.py")
-    assert out.startswith("12 failed in ")
+    assert out.startswith("12 failed\n")
     assert out.count("FAILED more/test_many.py::test_n[") == 10
     assert "[... 2 more failures/errors not shown]" in out
     assert "captured 0" in out  # the end of the captured output is kept
 
     call(env, "editor", command="create", path="broken/test_broken.py", file_text="import nosuchmod\n")
     out = call(env, "run_tests", path="broken")
-    assert out.startswith("1 error in ") and "interrupted" in out
+    assert out.startswith("1 error (the run was interrupted") and " in 0." not in out
     assert "ERROR broken/test_broken.py" in out and "No module named 'nosuchmod'" in out
 
     call(env, "editor", command="create", path="slow/test_slow.py", file_text=(
