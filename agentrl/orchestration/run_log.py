@@ -219,6 +219,44 @@ class RunLog:
                   + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                              for k, v in shown.items()), flush=True)
 
+    def change(self, window: int = 3) -> str | None:
+        """What the run changed: its first rollouts against its last ones.
+
+        Read back from ``metrics.jsonl``, so a resumed run covers every launch; a line a kill
+        cut in half is left out.
+
+        Args:
+            window: Rollouts averaged at each end (fewer when the run is short: at most half).
+
+        Returns:
+            One line with the success rate and the mean reward on the training tasks at both
+            ends, or ``None`` when fewer than two rollouts were recorded.
+        """
+        rows = []
+        if self.metrics_path.is_file():
+            for line in self.metrics_path.read_text(encoding="utf-8").splitlines():
+                with contextlib.suppress(ValueError):
+                    row = json.loads(line)
+                    if isinstance(row, dict) and "rollout/success_rate" in row:
+                        rows.append(row)
+        rows.sort(key=lambda row: row.get("rollout_id", 0))
+        if len(rows) < 2:
+            return None
+        size = max(1, min(window, len(rows) // 2))
+        first, last = rows[:size], rows[-size:]
+
+        def mean(part: list[dict[str, Any]], key: str) -> float:
+            return sum(float(row.get(key, 0.0)) for row in part) / len(part)
+
+        def span(part: list[dict[str, Any]]) -> str:
+            ids = [row.get("rollout_id", "?") for row in part]
+            return f"rollout {ids[0]}" if len(ids) == 1 else f"rollouts {ids[0]}-{ids[-1]}"
+
+        before, after = mean(first, "rollout/success_rate"), mean(last, "rollout/success_rate")
+        return (f"success on the training tasks: {before:.3f} in {span(first)} -> {after:.3f} in "
+                f"{span(last)} ({after - before:+.3f}); mean reward "
+                f"{mean(first, 'rollout/reward_mean'):.3f} -> {mean(last, 'rollout/reward_mean'):.3f}")
+
     def samples(self, rollout_id: int, samples: Sequence[Sample]) -> None:
         """Writes one rollout's samples as ``trajectories/rollout_<id>.jsonl``."""
         self.trajectories.mkdir(exist_ok=True)

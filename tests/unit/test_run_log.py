@@ -267,3 +267,26 @@ def test_progress_counts_episodes_and_draws_bars(tmp_path: Path) -> None:
     quiet.group_done([Sample(group_id=0, index=0, reward=1.0)])
     quiet.rollout_started(1)
     assert quiet._bar is None and quiet.success_rate == 0.0
+
+
+def test_the_change_compares_the_first_rollouts_with_the_last(tmp_path: Path) -> None:
+    log = RunLog(tmp_path / "run", use_tensorboard=False)
+    assert log.change() is None  # nothing recorded yet
+    for rollout_id, success in enumerate([0.0, 0.25, 0.25, 0.5, 0.5, 0.75, 0.75]):
+        log.metrics(rollout_id, {**LEARNING, "rollout/success_rate": success,
+                                 "rollout/reward_mean": success})
+    with log.metrics_path.open("a") as f:
+        f.write('{"rollout_id": 7, "rollout/succ')  # a line a kill cut in half is left out
+    assert log.change() == ("success on the training tasks: 0.167 in rollouts 0-2 -> 0.667 in "
+                            "rollouts 4-6 (+0.500); mean reward 0.167 -> 0.667")
+    log.close()
+
+
+def test_the_change_of_a_two_rollout_run_compares_one_with_one(tmp_path: Path) -> None:
+    log = RunLog(tmp_path / "run", use_tensorboard=False)
+    log.metrics(0, {**FLAT, "rollout/success_rate": 0.0})
+    assert log.change() is None
+    log.metrics(1, {**LEARNING, "rollout/success_rate": 0.5, "rollout/reward_mean": 0.5})
+    assert log.change() == ("success on the training tasks: 0.000 in rollout 0 -> 0.500 in "
+                            "rollout 1 (+0.500); mean reward 0.000 -> 0.500")
+    log.close()
