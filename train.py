@@ -133,6 +133,9 @@ async def main(argv: list[str]) -> None:
             if run.eval_interval:
                 where[0] = "the final evaluation"
                 log.eval(run.num_rollout, await run_evaluation(ctx, run.num_rollout))
+    change = log.change()
+    if change:
+        print(change)
     print(f"done: metrics {log.metrics_path}, trajectories {log.trajectories}/, checkpoints "
           f"{save_root}/ (continue with --load {save_root})")
     print(f"look at the run: agentrl view {run.output_dir}")
