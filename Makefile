@@ -38,9 +38,10 @@ $(VLLM_STAMP): $(STAMP) scripts/setup-vllm.sh
 system: setup
 	scripts/setup-system.sh
 
-# The main job on the embedded default: the built-in tiny model, the embedded engine and a
-# single-rank Megatron actor on CPU, playing swe-tools episodes in bubblewrap sandboxes (the
-# `auto` sandbox) - under 10 minutes on 2 cores.
+# The main job on the embedded default: swe-tools' shipped warm start (agentrl/models/defaults.py)
+# served by the embedded engine and trained with GRPO by a single-rank Megatron actor on CPU,
+# playing swe-tools episodes in bubblewrap sandboxes (the `auto` sandbox) - under 10 minutes on
+# 2 cores, set-up included.
 demo: setup
 	scripts/setup-system.sh --bwrap-only
 	$(PY) train.py --env swe-tools --max-turns 5 --output-dir runs/demo-$$(date +%Y%m%d-%H%M%S)

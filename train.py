@@ -46,6 +46,8 @@ from agentrl.rollout.pipeline import AsyncRollout
 async def main(argv: list[str]) -> None:
     args = parse_args(argv)
     rollout, trainer, run = args.rollout, args.trainer, args.run
+    if args.embedded is not None:  # its env settings and flag defaults differ from the env's own: say so
+        print(args.embedded.announcement(rollout.env_kwargs), flush=True)
     save_root = trainer.save or f"{run.output_dir}/checkpoints"
     where = ["start-up"]  # what the run is doing, for the message if a signal stops it
     # Everything opened below is closed in reverse order on the way out: at the end, on an
@@ -134,7 +136,7 @@ async def main(argv: list[str]) -> None:
                 where[0] = "the final evaluation"
                 log.eval(run.num_rollout, await run_evaluation(ctx, run.num_rollout))
     change = log.change()
-    if change:
+    if change is not None:
         print(change)
     print(f"done: metrics {log.metrics_path}, trajectories {log.trajectories}/, checkpoints "
           f"{save_root}/ (continue with --load {save_root})")

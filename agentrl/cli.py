@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -10,6 +11,8 @@ from collections.abc import Sequence
 from agentrl.config import parse_pairs, unknown_flags_message
 from agentrl.env import check_env, env_spec, import_env_module, list_envs
 from agentrl.errors import AgentRLError, RunInterrupted
+from agentrl.eval.command import EvalConfig
+from agentrl.models.defaults import EmbeddedDefault, apply_embedded_default
 
 
 def _cmd_list_envs(args: argparse.Namespace) -> int:
@@ -124,15 +127,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``agentrl`` console script."""
+def parse(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, EmbeddedDefault | None]:
+    """The parsed command line, and the embedded default ``agentrl eval`` plays (see
+    :mod:`agentrl.models.defaults`), if any. Unknown flags exit with the closest spelling."""
     parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    tokens = list(sys.argv[1:] if argv is None else argv)
+    embedded = None
+    if tokens[:1] == ["eval"]:
+        policy = next(f for f in dataclasses.fields(EvalConfig) if f.name == "policy").default
+        embedded = apply_embedded_default(subparsers.choices["eval"], tokens[1:], policy_default=policy)
+    args, unknown = parser.parse_known_args(tokens)
     if unknown:
-        subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         subparsers.choices[args.command].error(unknown_flags_message(
             subparsers.choices[args.command], unknown))
+    return args, embedded
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``agentrl`` console script."""
+    args, embedded = parse(argv)
     try:
+        if embedded is not None:  # its env settings and flag defaults differ from the env's own: say so
+            print(embedded.announcement(parse_pairs(args.env_kwarg, "--env-kwarg")), flush=True)
         return args.func(args)
     except RunInterrupted as exc:  # Ctrl-C / SIGTERM: cleaned up; one line says what stopped
         print(f"agentrl: {exc}", file=sys.stderr)

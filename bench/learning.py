@@ -1,7 +1,17 @@
-"""Does the agent learn? The tiny model, SFT-warmed on ``calc`` oracle episodes, then trained
-with GRPO through ``train.py``'s own loop; held-out success before and after.
+"""Does the agent learn? Held-out success before and after GRPO through ``train.py``'s own loop,
+in two parts (``--part``).
 
-Per seed:
+``demo``: the main job, ``python train.py --env swe-tools --max-turns 5`` on the embedded default
+(the shipped swe-tools warm start, at its ``level=located`` and compact prompt; see
+agentrl/models/defaults.py), per seed: held-out success of the shipped model on ``--demo-tasks``
+swe-tools test tasks x ``--eval-samples`` samples at the demo's temperature (0.7), the demo run itself with its own
+defaults (``--rollout-seed``/``--seed`` set), and the same evaluation of its result; with the
+training tasks' success in the first and last rollouts (3 each). Ends with
+``{"name": "demo_train_gain", ...}`` (the change on the training tasks, target > 0) and
+``{"name": "demo_heldout_gain", ...}`` (reported; no target: the warm start memorised its train
+tasks, see the README).
+
+``calc``: the tiny model, SFT-warmed on ``calc`` oracle episodes, then trained with GRPO. Per seed:
 1. warm start: ``train.py --loss-type sft_loss`` on oracle demonstrations (``--sft-rollouts``
    steps of 32), exported as a Hugging Face directory. The default, 300, is the shortest warm
    start (in steps of 100) whose held-out sampled success reaches 0.2, the calibration run's GRPO
@@ -22,7 +32,7 @@ Prints a before/after table per seed, the mean and spread, saves the reward curv
 (``learning_curve.png``) and ends with ``{"name": "learning_gain", ...}`` (mean held-out success
 after GRPO minus after the warm start; target >= 0.2 within 15 minutes of GRPO on 2 cores).
 
-    python bench/learning.py [--seeds 0 1 2] [--quick]
+    python bench/learning.py [--part demo|calc|both] [--seeds 0 1 2] [--quick]
     python bench/learning.py --seeds 1 --out runs/learning &   # seeds in parallel processes,
     python bench/learning.py --seeds 2 --out runs/learning &   # then:
     python bench/learning.py --seeds 0 1 2 --out runs/learning --report-only
@@ -35,6 +45,7 @@ import asyncio
 import json
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,7 +55,11 @@ sys.path.insert(0, str(ROOT))
 
 import train  # noqa: E402 - train.py's own loop
 from agentrl.eval.command import EvalConfig, evaluate  # noqa: E402
+from agentrl.models.defaults import EMBEDDED_DEFAULTS  # noqa: E402
+from agentrl.orchestration.run_log import run_change  # noqa: E402
 from agentrl.rollout.config import RolloutConfig  # noqa: E402
+
+DEMO = EMBEDDED_DEFAULTS["swe-tools"]
 
 
 def run_train(flags: list[str]) -> float:
@@ -94,6 +109,56 @@ def one_seed(seed: int, args: argparse.Namespace, out: Path) -> dict[str, float]
     return result
 
 
+def demo_held_out_success(checkpoint: Path | str, tasks: int, samples: int, seed: int) -> float:
+    """Sampled success on swe-tools test tasks at the demo's level, prompt and temperature."""
+    config = RolloutConfig(env="swe-tools", env_kwarg=list(DEMO.env_kwarg), hf_checkpoint=str(checkpoint),
+                           max_turns=DEMO.flags["max_turns"], eval_max_prompts=tasks,
+                           n_samples_per_eval_prompt=samples,
+                           rollout_temperature=DEMO.flags["rollout_temperature"], rollout_seed=seed)
+    summary, _ = asyncio.run(evaluate(config, EvalConfig(policy="model", split="test")))
+    return summary["sets"]["swe-tools"]["success_rate"]
+
+
+def demo_seed(seed: int, args: argparse.Namespace, out: Path) -> dict[str, float]:
+    """The main job as a user runs it (a subprocess of train.py on the embedded default), with
+    held-out success of the shipped warm start and of the run's result."""
+    run = out / f"demo-seed{seed}"
+    shutil.rmtree(run, ignore_errors=True)
+    before = demo_held_out_success(DEMO.path, args.demo_tasks, args.eval_samples, seed)
+    started = time.perf_counter()
+    rollouts = args.demo_rollouts or int(DEMO.flags["num_rollout"])
+    subprocess.run([sys.executable, str(ROOT / "train.py"), "--env", "swe-tools",
+                    "--max-turns", str(DEMO.flags["max_turns"]),
+                    "--num-rollout", str(rollouts), "--seed", str(seed), "--rollout-seed", str(seed), "--save-hf", str(run / "hf"),
+                    "--no-progress", "--output-dir", str(run / "train")], check=True)
+    wall = time.perf_counter() - started
+    after = demo_held_out_success(run / "hf" / f"rollout_{rollouts:05d}", args.demo_tasks,
+                                  args.eval_samples, seed)
+    change = run_change(run / "train" / "metrics.jsonl")  # the line train.py ends with
+    assert change is not None, f"{run / 'train'}: fewer than two rollouts recorded"
+    result = {"seed": seed, "before": before, "after": after, "wall_s": wall,
+              "train_first": change.success_before, "train_last": change.success_after}
+    print(f"demo seed {seed}: training tasks {result['train_first']:.3f} -> {result['train_last']:.3f}; "
+          f"held-out {before:.3f} -> {after:.3f} ({wall:.0f} s)", flush=True)
+    (run / "result.json").write_text(json.dumps(result) + "\n")
+    return result
+
+
+def demo_report(results: list[dict[str, float]]) -> None:
+    print("\nseed  train first  train last  held-out before  held-out after")
+    for r in results:
+        print(f"{r['seed']:>4}  {r['train_first']:11.3f}  {r['train_last']:10.3f}  {r['before']:15.3f}  "
+              f"{r['after']:14.3f}")
+    gains = [r["after"] - r["before"] for r in results]
+    train_gains = [r["train_last"] - r["train_first"] for r in results]
+    print(f"demo: training-task success change {statistics.fmean(train_gains):+.3f}, held-out change "
+          f"{statistics.fmean(gains):+.3f}; wall {statistics.fmean(r['wall_s'] for r in results):.0f} s per seed")
+    print(json.dumps({"name": "demo_train_gain", "value": round(statistics.fmean(train_gains), 3),
+                      "target": "> 0"}))
+    print(json.dumps({"name": "demo_heldout_gain", "value": round(statistics.fmean(gains), 3),
+                      "target": "report"}))
+
+
 def plot(out: Path, seeds: list[int]) -> None:
     try:
         import matplotlib
@@ -117,7 +182,11 @@ def plot(out: Path, seeds: list[int]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("demo", "calc", "both"), default="both")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--demo-tasks", type=int, default=32, help="swe-tools test tasks evaluated")
+    parser.add_argument("--demo-rollouts", type=int, default=None,
+                        help="rollouts of the demo run (default: the embedded default's own)")
     parser.add_argument("--sft-rollouts", type=int, default=300,
                         help="SFT steps of 32 (300: the shortest warm start, in steps of 100, that already "
                              "solves >= 0.2 of held-out tasks at T=1; see the module docstring)")
@@ -133,7 +202,16 @@ def main() -> None:
     if args.quick:
         args.seeds, args.sft_rollouts, args.grpo_rollouts = args.seeds[:1], 20, 4
         args.eval_tasks, args.eval_samples = 20, 2
+        args.demo_tasks, args.demo_rollouts = 4, 2
     out = Path(args.out)
+    if args.part in ("demo", "both"):
+        if args.report_only:
+            demo = [json.loads((out / f"demo-seed{seed}" / "result.json").read_text()) for seed in args.seeds]
+        else:
+            demo = [demo_seed(seed, args, out) for seed in args.seeds]
+        demo_report(demo)
+    if args.part == "demo":
+        return
     if args.report_only:  # seeds run apart (e.g. in parallel processes) into the same --out
         results = [json.loads((out / f"seed{seed}" / "result.json").read_text()) for seed in args.seeds]
     else:

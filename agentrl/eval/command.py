@@ -55,7 +55,8 @@ class EvalConfig:
 
     policy: str = option("oracle", "who plays: the env's scripted expert (oracle), a policy "
                          "that does no work (null), or a language model served by the embedded "
-                         "engine (model: --hf-checkpoint, default the built-in tiny model), or "
+                         "engine (model: --hf-checkpoint, default the embedded default, as "
+                         "train.py's), or "
                          "an OpenAI-compatible chat server (openai: --base-url, --model)",
                          choices=POLICIES)
     split: str = option("test", "the task split of --env evaluated when no --eval-prompt-data "

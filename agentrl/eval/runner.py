@@ -65,8 +65,8 @@ def eval_sets(config: RolloutConfig, split: str = "test") -> list[EvalSet]:
 def _source(config: RolloutConfig, eval_set: EvalSet, envs: EnvFactory | None) -> RolloutDataSource:
     source_config = dataclasses.replace(
         config, prompt_data=eval_set.prompt_data, env=eval_set.env, rollout_shuffle=False,
-        streaming_data=False, n_samples_per_prompt=config.n_samples_per_eval_prompt,
-        data_source_path=None)
+        streaming_data=False, rollout_max_prompts=None,  # eval sets have --eval-max-prompts
+        n_samples_per_prompt=config.n_samples_per_eval_prompt, data_source_path=None)
     return RolloutDataSource(source_config, envs=envs, split=eval_set.split)
 
 

@@ -1,4 +1,6 @@
-"""Models agentrl can build locally, without a download (see :mod:`agentrl.models.tiny`).
+"""Models agentrl can build locally, without a download (see :mod:`agentrl.models.tiny`), the
+warm starts it ships (:mod:`agentrl.models.defaults`: the embedded default per env) and the
+command that makes them (``python -m agentrl.models.warm``).
 
 :mod:`agentrl.models.hf_config` (reading a checkpoint's ``config.json``) imports nothing heavy;
 the tiny model's builder loads the tokenizer libraries on first use.

@@ -14,6 +14,9 @@
    ``agentrl eval``).
 3. ``OUT/warm.json`` records the recipe, the demonstrations' SHA-256 and the loss per step.
 
+``--demonstrations FILE`` skips step 1 and trains on ``FILE`` (copied to
+``OUT/demonstrations.jsonl``), e.g. the demonstrations a shipped checkpoint was made from.
+
 The same recipe on the same machine reproduces the same loss curve (the oracle, the data order
 and the trainer are all seeded); ``tests/e2e/test_warm_start.py`` checks it on a short schedule.
 The command needs a checkout of agentrl (it runs the repository's ``train.py``).
@@ -52,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lr", type=float, default=1e-3, help="learning rate")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data order and the trainer")
     parser.add_argument("--limit", type=int, default=None, help="demonstrate only the first LIMIT train tasks")
+    parser.add_argument("--demonstrations", default=None, metavar="FILE",
+                        help="train on this demonstrations.jsonl (an earlier warm start's, e.g. the "
+                             "shipped checkpoint's) instead of playing the oracle")
     parser.add_argument("--out", required=True, help="output folder (demonstrations, model/, warm.json)")
     return parser
 
@@ -112,8 +118,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "run it from a checkout of agentrl")
     out = Path(args.out)
     demos = out / "demonstrations.jsonl"
-    written, played = write_demonstrations(args.env, args.env_kwarg, args.max_turns, demos, args.limit)
-    print(f"warm start: {written} demonstrations from {played} {args.env} train tasks in {demos}", flush=True)
+    if args.demonstrations is not None:
+        given = Path(args.demonstrations)
+        if args.limit is not None:
+            raise ConfigError("--limit chooses the tasks the oracle plays; with --demonstrations "
+                              "nothing is played: drop one of them")
+        if not given.is_file():
+            raise ConfigError(f"--demonstrations {given}: no such file")
+        out.mkdir(parents=True, exist_ok=True)
+        if given.resolve() != demos.resolve():
+            shutil.copyfile(given, demos)
+        written, played = sum(1 for line in demos.read_text(encoding="utf-8").splitlines() if line.strip()), None
+        print(f"warm start: {written} demonstrations from {given}", flush=True)
+    else:
+        written, played = write_demonstrations(args.env, args.env_kwarg, args.max_turns, demos, args.limit)
+        print(f"warm start: {written} demonstrations from {played} {args.env} train tasks in {demos}", flush=True)
     run = out / "sft"
     flags = ["--prompt-data", str(demos), "--tool-key", "tools", "--loss-type", "sft_loss",
              "--num-rollout", str(args.steps), "--rollout-batch-size", str(args.batch_size),
@@ -134,6 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     recipe = {"env": args.env, "env_kwarg": args.env_kwarg, "max_turns": args.max_turns,
               "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
               "limit": args.limit, "demonstrations": written, "tasks_played": played,
+              "demonstrations_from": args.demonstrations,  # None: played by the oracle here
               "demonstrations_sha256": hashlib.sha256(demos.read_bytes()).hexdigest(),
               "train_flags": flags, "sft_loss": losses}
     (out / "warm.json").write_text(json.dumps(recipe, indent=1) + "\n")

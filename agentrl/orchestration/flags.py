@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from agentrl.config import add_arguments, flag, from_namespace, option, unknown_flags_message
 from agentrl.errors import ConfigError, PluginError
+from agentrl.models.defaults import EmbeddedDefault, apply_embedded_default
 from agentrl.orchestration.cluster import ClusterConfig
 from agentrl.orchestration.sinks import WANDB_MODES, require_wandb
 from agentrl.orchestration.validation import check_files, validate_together
@@ -97,6 +98,9 @@ class Args:
     run: RunConfig
     cluster: ClusterConfig
     namespace: argparse.Namespace
+    embedded: EmbeddedDefault | None = None
+    """The embedded default the run plays (no ``--hf-checkpoint``; see
+    :mod:`agentrl.models.defaults`), or ``None``."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,6 +121,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Args:
     batch equation), then the files they name. An error names the flag and exits with status 2.
     """
     parser = build_parser()
+    embedded = apply_embedded_default(parser, argv)  # only defaults: the command line wins
     namespace, unknown = parser.parse_known_args(argv)
     namespace.sglang_args, unknown = collect_server_args(unknown, "sglang")
     namespace.vllm_args, unknown = collect_server_args(unknown, "vllm")
@@ -126,7 +131,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Args:
         args = Args(rollout=from_namespace(RolloutConfig, namespace),
                     trainer=from_namespace(TrainerConfig, namespace),
                     run=from_namespace(RunConfig, namespace),
-                    cluster=from_namespace(ClusterConfig, namespace), namespace=namespace)
+                    cluster=from_namespace(ClusterConfig, namespace), namespace=namespace,
+                    embedded=embedded)
         args = validate_together(args)
         check_files(args)
     except (ConfigError, PluginError) as exc:

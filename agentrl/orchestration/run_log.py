@@ -4,6 +4,7 @@ its TensorBoard / wandb scalars."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sys
 import time
@@ -18,7 +19,7 @@ from agentrl.rollout.sample import Sample
 if TYPE_CHECKING:
     from agentrl.orchestration.flags import Args
 
-__all__ = ["EVAL_SHOWN", "SHOWN", "RunLog"]
+__all__ = ["EVAL_SHOWN", "SHOWN", "RunChange", "RunLog", "run_change"]
 
 
 class RunLog:
@@ -219,43 +220,15 @@ class RunLog:
                   + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                              for k, v in shown.items()), flush=True)
 
-    def change(self, window: int = 3) -> str | None:
-        """What the run changed: its first rollouts against its last ones.
-
-        Read back from ``metrics.jsonl``, so a resumed run covers every launch; a line a kill
-        cut in half is left out.
+    def change(self, window: int = 3) -> RunChange | None:
+        """What the run changed: its first rollouts against its last ones, and its first
+        evaluation against its last (:func:`run_change` over ``metrics.jsonl`` and
+        ``eval.jsonl``, so a resumed run covers every launch).
 
         Args:
             window: Rollouts averaged at each end (fewer when the run is short: at most half).
-
-        Returns:
-            One line with the success rate and the mean reward on the training tasks at both
-            ends, or ``None`` when fewer than two rollouts were recorded.
         """
-        rows = []
-        if self.metrics_path.is_file():
-            for line in self.metrics_path.read_text(encoding="utf-8").splitlines():
-                with contextlib.suppress(ValueError):
-                    row = json.loads(line)
-                    if isinstance(row, dict) and "rollout/success_rate" in row:
-                        rows.append(row)
-        rows.sort(key=lambda row: row.get("rollout_id", 0))
-        if len(rows) < 2:
-            return None
-        size = max(1, min(window, len(rows) // 2))
-        first, last = rows[:size], rows[-size:]
-
-        def mean(part: list[dict[str, Any]], key: str) -> float:
-            return sum(float(row.get(key, 0.0)) for row in part) / len(part)
-
-        def span(part: list[dict[str, Any]]) -> str:
-            ids = [row.get("rollout_id", "?") for row in part]
-            return f"rollout {ids[0]}" if len(ids) == 1 else f"rollouts {ids[0]}-{ids[-1]}"
-
-        before, after = mean(first, "rollout/success_rate"), mean(last, "rollout/success_rate")
-        return (f"success on the training tasks: {before:.3f} in {span(first)} -> {after:.3f} in "
-                f"{span(last)} ({after - before:+.3f}); mean reward "
-                f"{mean(first, 'rollout/reward_mean'):.3f} -> {mean(last, 'rollout/reward_mean'):.3f}")
+        return run_change(self.metrics_path, window, self.eval_path)
 
     def samples(self, rollout_id: int, samples: Sequence[Sample]) -> None:
         """Writes one rollout's samples as ``trajectories/rollout_<id>.jsonl``."""
@@ -323,3 +296,105 @@ SHOWN = ("rollout_id", "elapsed_s", "rollout/reward_mean", "rollout/success_rate
 """The metrics of the one-line console summary of each rollout."""
 EVAL_SHOWN = ("n_prompts", "n_samples", "pass@1", "mean_reward")
 """The metrics printed for each eval set."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunChange:
+    """A run's first rollouts against its last ones, on the training tasks, and its first
+    evaluation against its last one, on held-out tasks.
+
+    Attributes:
+        first: The rollout ids averaged at the start.
+        last: The rollout ids averaged at the end.
+        success_before: Mean ``rollout/success_rate`` over ``first``.
+        success_after: The same over ``last``.
+        reward_before: Mean ``rollout/reward_mean`` over ``first``.
+        reward_after: The same over ``last``.
+        episodes: Training episodes behind each of the two success figures (the noise a reader
+            should expect is about ``sqrt(p * (1 - p) / episodes)``).
+        heldout_steps: The steps of the first and last evaluation (``None``: fewer than two).
+        heldout_before: Mean ``pass@1`` over the eval sets at the first evaluation.
+        heldout_after: The same at the last one.
+        heldout_episodes: Episodes behind each held-out figure.
+    """
+
+    first: tuple[int, ...]
+    last: tuple[int, ...]
+    success_before: float
+    success_after: float
+    reward_before: float
+    reward_after: float
+    episodes: int = 0
+    heldout_steps: tuple[int, int] | None = None
+    heldout_before: float = 0.0
+    heldout_after: float = 0.0
+    heldout_episodes: int = 0
+
+    def __str__(self) -> str:
+        def span(ids: tuple[int, ...]) -> str:
+            return f"rollout {ids[0]}" if len(ids) == 1 else f"rollouts {ids[0]}-{ids[-1]}"
+
+        text = (f"success on the training tasks: {self.success_before:.3f} in {span(self.first)} -> "
+                f"{self.success_after:.3f} in {span(self.last)} "
+                f"({self.success_after - self.success_before:+.3f}"
+                + (f", {self.episodes} episodes each" if self.episodes else "")
+                + f"); mean reward {self.reward_before:.3f} -> {self.reward_after:.3f}")
+        if self.heldout_steps is not None:
+            before, after = self.heldout_steps
+            text += (f"\nsuccess on held-out tasks (eval pass@1, {self.heldout_episodes} episodes "
+                     f"each): {self.heldout_before:.3f} at step {before} -> {self.heldout_after:.3f} "
+                     f"at step {after} ({self.heldout_after - self.heldout_before:+.3f})")
+        return text
+
+
+def _rows(path: Path, key: str) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file that have ``key``, in file order; a line a kill cut
+    in half is left out."""
+    rows = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(ValueError):
+                row = json.loads(line)
+                if isinstance(row, dict) and key in row:
+                    rows.append(row)
+    return rows
+
+
+def run_change(metrics_path: Path, window: int = 3, eval_path: Path | None = None) -> RunChange | None:
+    """Reads a run's ``metrics.jsonl`` and compares its first rollouts with its last ones, and,
+    given its ``eval.jsonl``, its first evaluation with its last one.
+
+    Args:
+        metrics_path: The run's ``metrics.jsonl``.
+        window: Rollouts averaged at each end (fewer when the run is short: at most half).
+        eval_path: The run's ``eval.jsonl`` (``None`` or a missing file: no held-out figures).
+
+    Returns:
+        The change, or ``None`` when fewer than two rollouts were recorded.
+    """
+    rows = sorted(_rows(metrics_path, "rollout/success_rate"), key=lambda row: row.get("rollout_id", 0))
+    if len(rows) < 2:
+        return None
+    size = max(1, min(window, len(rows) // 2))
+    first, last = rows[:size], rows[-size:]
+
+    def mean(part: list[dict[str, Any]], key: str) -> float:
+        return sum(float(row.get(key, 0.0)) for row in part) / len(part)
+
+    def pass1(record: dict[str, Any]) -> float:
+        sets = [m for m in record["sets"].values() if isinstance(m, dict) and "pass@1" in m]
+        return sum(float(m["pass@1"]) for m in sets) / max(1, len(sets))
+
+    evals = sorted(_rows(eval_path, "sets"), key=lambda row: row.get("step", 0)) if eval_path else []
+    held = {}
+    if len(evals) >= 2 and evals[0].get("step") != evals[-1].get("step"):
+        held = {"heldout_steps": (int(evals[0]["step"]), int(evals[-1]["step"])),
+                "heldout_before": pass1(evals[0]), "heldout_after": pass1(evals[-1]),
+                "heldout_episodes": int(sum(m.get("n_samples", 0) for m in evals[-1]["sets"].values()
+                                            if isinstance(m, dict)))}
+    return RunChange(
+        first=tuple(int(row.get("rollout_id", 0)) for row in first),
+        last=tuple(int(row.get("rollout_id", 0)) for row in last),
+        success_before=mean(first, "rollout/success_rate"), success_after=mean(last, "rollout/success_rate"),
+        reward_before=mean(first, "rollout/reward_mean"), reward_after=mean(last, "rollout/reward_mean"),
+        episodes=int(sum(row.get("rollout/samples", 0) for row in first)), **held)

@@ -74,8 +74,10 @@ def resolve(config: RolloutConfig, envs: EnvFactory | None) -> RolloutConfig:
 
 
 def policy_checkpoint(config: RolloutConfig) -> str:
-    """The policy's Hugging Face directory: ``--hf-checkpoint``, else the built-in tiny model
-    (built on first use and cached)."""
+    """The policy's Hugging Face directory: ``--hf-checkpoint``, else the random built-in tiny
+    model (built on first use and cached). ``train.py`` and ``agentrl eval`` fill
+    ``hf_checkpoint`` in with an env's shipped warm start first, where it has one
+    (:mod:`agentrl.models.defaults`)."""
     if config.hf_checkpoint is not None:
         return config.hf_checkpoint
     from agentrl.models.tiny import build_tiny_model  # tokenizer libraries: only when needed

@@ -70,7 +70,9 @@ class RolloutConfig:
     tool_call_format: str = option("hermes", "how the model writes tool calls "
                                    "(hermes, llama3, mistral, qwen3_coder, pythonic)")
     hf_checkpoint: str | None = option(None, "Hugging Face model directory of the policy "
-                                       "(default: the built-in tiny model)")
+                                       "(default: the embedded default: swe-tools' shipped warm "
+                                       "start for --env swe-tools, else the random built-in tiny "
+                                       "model; see the README's first section)")
     # data
     prompt_data: str | None = option(None, "JSONL or Parquet prompts (default with --env: the "
                                      "env's own train tasks)")
@@ -81,6 +83,11 @@ class RolloutConfig:
                                   "to the model with that row's prompt")
     rollout_shuffle: bool = option(False, "shuffle prompts each epoch (seeded)")
     rollout_seed: int = option(42, "seed of shuffling and sampling")
+    rollout_max_prompts: int | None = option(None, "train on the first N prompts only (of "
+                                             "--prompt-data, or the env's train tasks in their "
+                                             "fixed order; an env without tasks: its first N "
+                                             "seeds), played again each epoch: a fixed set to "
+                                             "watch a model learn")
     streaming_data: bool = option(False, "read --prompt-data lazily (large files)")
     shuffle_buffer_size: int = option(10000, "rows held by the approximate shuffle of "
                                       "--streaming-data with --rollout-shuffle")
@@ -175,7 +182,7 @@ class RolloutConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{flag(name)} must be >= 1, got {getattr(self, name)}")
         for name in ("max_turns", "over_sampling_batch_size", "rollout_max_context_len",
-                     "dynamic_sampling_max_groups", "eval_max_prompts"):
+                     "dynamic_sampling_max_groups", "eval_max_prompts", "rollout_max_prompts"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{flag(name)} must be >= 1, got {value}")
@@ -190,6 +197,9 @@ class RolloutConfig:
                 and self.dynamic_sampling_filter_path is None):
             raise ConfigError("--over-sampling-batch-size is smaller than --rollout-batch-size "
                               "without a --dynamic-sampling-filter-path: drop it or raise it")
+        if self.rollout_max_prompts is not None and self.streaming_data:
+            raise ConfigError("--rollout-max-prompts keeps its first N prompts in memory, "
+                              "--streaming-data reads the file lazily: drop one of them")
         if self.env is None and self.prompt_data is None and self.data_source_path is None:
             raise ConfigError("nothing to roll out: pass --env ID (its tasks) and/or "
                               "--prompt-data FILE")

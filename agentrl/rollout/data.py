@@ -110,7 +110,7 @@ class RolloutDataSource:
         args: The rollout config (``prompt_data``, ``input_key``, ``label_key``,
             ``metadata_key``, ``tool_key``, ``rollout_shuffle``, ``rollout_seed``,
             ``n_samples_per_prompt``, ``streaming_data``, ``shuffle_buffer_size``,
-            ``num_data_workers``, ``env``). A namespace with some of those attributes is also
+            ``num_data_workers``, ``rollout_max_prompts``, ``env``). A namespace with some of those attributes is also
             accepted (plug-in code written for slime): the others take the config's defaults.
             ``num_data_workers`` matters only when streaming: in memory, rows are parsed once
             at start-up.
@@ -124,6 +124,8 @@ class RolloutDataSource:
     like any malformed row). Without ``prompt_data`` the env's ``task_set(split)`` is used; an
     env without a task set gives an endless stream of seeds (``metadata["seed"]``, no
     ``"task"``; the prompt is empty and comes from ``env.reset(seed=...)``).
+    ``rollout_max_prompts`` keeps the first N usable rows, tasks or seeds, and every epoch
+    plays those again (shuffled among themselves with ``rollout_shuffle``).
 
     Raises:
         DataError: No source, a missing or unsupported file, or no usable row.
@@ -165,6 +167,7 @@ class RolloutDataSource:
         self._parser: RowParser | None = None
         self._env_id = config.env
         self._env_split = split
+        self.max_prompts = config.rollout_max_prompts  # None: every prompt
         if envs is None:  # a data source built on its own (a plug-in's super().__init__(args))
             from agentrl.rollout.build import env_factory
 
@@ -215,7 +218,7 @@ class RolloutDataSource:
         for item in items:
             if item.reason is not None:
                 self._skip(item)
-        self._records = [item.record for item in items if item.record is not None]
+        self._records = [item.record for item in items if item.record is not None][: self.max_prompts]
         if not self._records:
             self._no_rows([f"line {r.line}: {r.reason}" for r in self.skipped_rows[:5]])
         self._any_valid = True
@@ -266,7 +269,7 @@ class RolloutDataSource:
             ))
         if not records:
             raise DataError(f"{where}: the task set is empty")
-        self._records = records
+        self._records = records[: self.max_prompts]
         self._any_valid = True
 
     def _skip(self, item: Item, file: str | None = None) -> None:
@@ -311,7 +314,8 @@ class RolloutDataSource:
         return prefetched(jobs, parser.job, self.num_workers)
 
     def _seed_items(self, start: int) -> Iterator[Item]:
-        for k in itertools.count(start):
+        indices = itertools.count(start) if self.max_prompts is None else range(start, self.max_prompts)
+        for k in indices:
             seed = env_seed(self.seed, self._env_split, k)
             source = {"env": self._env_id, "split": self._env_split, "index": k}
             record = Record({"seed": seed}, "", None, {"seed": seed}, source)
@@ -409,6 +413,8 @@ class RolloutDataSource:
         Raises:
             TypeError: Unknown: streaming data, or an endless seed stream.
         """
+        if self._seeds and self.max_prompts is not None:
+            return self.max_prompts
         if self._records is None:
             raise TypeError("the number of prompts is unknown (streaming data or env seeds)")
         return len(self._records)

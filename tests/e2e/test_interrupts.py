@@ -17,14 +17,26 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.models import build_tiny_model
 from agentrl.sandbox._procs import sandbox_root
 from tests.support.sandboxes import backend_skip_reason
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-SWE_RUN = ["--env", "swe-tools", "--max-turns", "3", "--rollout-batch-size", "2",
-           "--n-samples-per-prompt", "2", "--no-progress"]
+
+
+def tiny() -> list[str]:
+    """The random tiny model (not swe-tools' shipped warm start): its long, tool-less responses
+    keep the episodes waiting on the model, where the signals below are meant to land."""
+    return ["--hf-checkpoint", str(build_tiny_model())]
+
+
+def swe_run() -> list[str]:
+    return ["--env", "swe-tools", *tiny(), "--max-turns", "3", "--rollout-batch-size", "2",
+            "--n-samples-per-prompt", "2", "--no-progress"]
+
+
 SLEEPY_PLUGIN = '''\
 import asyncio
 
@@ -205,7 +217,7 @@ def _name(signum: int) -> str:
 @pytest.mark.parametrize(("signum", "backend"), BOTH)
 def test_a_signal_while_episodes_wait_on_the_model_leaks_nothing(signum, backend, tmp_path):
     # long responses: the episodes spend their time waiting on the model
-    run = train(*SWE_RUN, *_backend(backend), "--rollout-max-response-len", "2048",
+    run = train(*swe_run(), *_backend(backend), "--rollout-max-response-len", "2048",
                 "--num-rollout", "2", tmp_path=tmp_path)
     run.wait_for(run.sandboxes_live, "live sandboxes")
     run.signal(signum, group=True)  # Ctrl-C reaches the whole foreground group
@@ -221,7 +233,7 @@ def test_a_signal_while_episodes_wait_on_the_model_leaks_nothing(signum, backend
 def test_a_signal_while_sandboxes_run_a_command_leaks_nothing(signum, backend, tmp_path):
     plugin = tmp_path / "sleepy.py"
     plugin.write_text(SLEEPY_PLUGIN)
-    run = train(*SWE_RUN, *_backend(backend), "--no-use-ray", "--custom-generate-function-path",
+    run = train(*swe_run(), *_backend(backend), "--no-use-ray", "--custom-generate-function-path",
                 str(plugin), "--num-rollout", "1", tmp_path=tmp_path)
     # its own sandboxes up and their commands running: a "sleep 300" of another run (containers
     # of the test before being torn down) must not start the signal early
@@ -241,7 +253,7 @@ def test_a_signal_to_the_process_group_during_a_save_names_a_complete_checkpoint
     from agentrl.orchestration.checkpoints import checkpoint_problem
 
     saves = tmp_path / "run" / "checkpoints"
-    run = train(*SWE_RUN, *_backend("bwrap"), "--num-rollout", "3", "--save-interval", "1",
+    run = train(*swe_run(), *_backend("bwrap"), "--num-rollout", "3", "--save-interval", "1",
                 tmp_path=tmp_path)
     # the second save has begun: the first is sealed, the second being written (in its
     # staging folder, renamed to rollout_00002 once complete)
@@ -263,7 +275,7 @@ def test_a_second_signal_exits_at_once_and_still_removes_the_sandboxes(tmp_path)
     plugin = tmp_path / "stubborn.py"
     plugin.write_text(STUBBORN_PLUGIN)
     assert "os.kill(os.getpid(), signal.SIGINT)" in STUBBORN_PLUGIN
-    run = train(*SWE_RUN, *_backend("bwrap"), "--no-use-ray", "--custom-generate-function-path",
+    run = train(*swe_run(), *_backend("bwrap"), "--no-use-ray", "--custom-generate-function-path",
                 str(plugin), "--num-rollout", "1", tmp_path=tmp_path)
     run.wait_for(lambda: run.sandboxes_live() and commands_running(), "sandbox commands running")
     run.signal(signal.SIGINT)
@@ -278,7 +290,7 @@ def test_a_plugin_that_ignores_the_stop_does_not_keep_the_run_alive(tmp_path):
     plugin = tmp_path / "deaf.py"
     plugin.write_text(DEAF_PLUGIN)
     assert "os.kill" not in DEAF_PLUGIN and "time.sleep(300)" in DEAF_PLUGIN
-    run = train(*SWE_RUN, *_backend("bwrap"), "--no-use-ray", "--custom-generate-function-path",
+    run = train(*swe_run(), *_backend("bwrap"), "--no-use-ray", "--custom-generate-function-path",
                 str(plugin), "--num-rollout", "1", tmp_path=tmp_path)
     run.wait_for(lambda: run.sandboxes_live() and commands_running(), "sandbox commands running")
     run.signal(signal.SIGINT)
@@ -291,7 +303,7 @@ def test_a_plugin_that_ignores_the_stop_does_not_keep_the_run_alive(tmp_path):
 
 def test_agentrl_eval_stopped_by_sigint_leaks_nothing(tmp_path):
     run = Run([sys.executable, "-m", "agentrl", "eval", "--env", "swe-tools", "--policy", "model",
-               "--max-turns", "3", "--max-response-len", "2048", "--limit", "4",
+               *tiny(), "--max-turns", "3", "--max-response-len", "2048", "--limit", "4",
                *_backend("bwrap")], tmp_path)
     run.wait_for(run.sandboxes_live, "live sandboxes")
     run.signal(signal.SIGINT, group=True)

@@ -20,18 +20,26 @@ def train(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=600)
 
 
-def test_train_runs_on_swe_tools(tmp_path):
-    """The README's main job, shrunk: swe-tools episodes in `auto` sandboxes, a train step, the
-    end-of-run checkpoint."""
+def test_the_main_job_on_the_embedded_default_calls_tools_and_learns(tmp_path):
+    """The README's main job, shrunk to two rollouts: the shipped swe-tools warm start plays
+    episodes whose tool calls run in `auto` sandboxes, earns rewards, trains with non-zero
+    gradients and ends by printing the change and the checkpoint."""
     out = tmp_path / "run"
-    done = train("--env", "swe-tools", "--max-turns", "2", "--rollout-batch-size", "2",
-                 "--n-samples-per-prompt", "2", "--rollout-max-response-len", "16", "--num-rollout", "1",
-                 "--output-dir", str(out), cwd=tmp_path)
+    # --dead-run-rollouts 1: a rollout whose every group got one reward would be warned about
+    done = train("--env", "swe-tools", "--max-turns", "5", "--num-rollout", "2", "--no-progress",
+                 "--dead-run-rollouts", "1", "--output-dir", str(out), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    metrics = json.loads((out / "metrics.jsonl").read_text())
-    assert metrics["rollout/samples"] == 4 and metrics["rollout/failed"] == 0
-    assert "train/grad_norm" in metrics and metrics["time/train_s"] > 0
-    assert (out / "checkpoints" / "latest").read_text().strip() == "rollout_00001"
+    assert "embedded default for --env swe-tools" in done.stdout
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["rollout/failed"] == 0 and r["rollout/tool_calls"] > 0 for r in rows)
+    # 64 episodes at the warm start's ~0.2 success: none solved would be a broken default
+    assert sum(r["rollout/reward_mean"] for r in rows) > 0
+    assert any(r["train/grad_norm"] > 0 for r in rows)
+    samples = [json.loads(line) for line in (out / "trajectories" / "rollout_00000.jsonl").read_text().splitlines()]
+    commands = [c for s in samples for c in s["metadata"].get("commands", [])]
+    assert any(c.get("phase") == "tools" for c in commands), commands[:3]  # the model's calls ran there
+    assert "success on the training tasks:" in done.stdout and "dead run" not in done.stderr
+    assert (out / "checkpoints" / "latest").read_text().strip() == "rollout_00002"
     assert f"checkpoints {out}/checkpoints/" in done.stdout
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.models.defaults import EMBEDDED_DEFAULTS
 from agentrl.models.warm import write_demonstrations
 from tests.support.sandboxes import backend_skip_reason
 
@@ -55,7 +56,41 @@ def test_swe_tools_demonstrations_follow_the_procedure(tmp_path):
         assert calls == ["editor:view", "editor:str_replace", "run_tests:", "submit:"]
 
 
+def test_the_shipped_swe_tools_warm_start_is_what_its_recipe_makes(tmp_path):
+    """The command reproduces the shipped checkpoint, in short: the oracle's first train tasks
+    give the shipped demonstrations' first rows, and the first steps of training on them give
+    the first points of the shipped loss curve."""
+    reason = backend_skip_reason("bwrap")
+    if reason is not None:
+        pytest.skip(reason)
+    shipped = EMBEDDED_DEFAULTS["swe-tools"]
+    recipe = shipped.warm_record()
+    rows = (shipped.path / "demonstrations.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(rows) == recipe["demonstrations"] == recipe["tasks_played"]
+    path = tmp_path / "demos.jsonl"
+    written, _ = write_demonstrations(shipped.env, [*recipe["env_kwarg"], "sandbox=bwrap"],
+                                      recipe["max_turns"], path, limit=4)
+    assert written == 4 and path.read_text(encoding="utf-8").splitlines() == rows[:4]
+
+    steps = 3
+    done = subprocess.run(
+        [sys.executable, "-m", "agentrl.models.warm", "--env", shipped.env,
+         "--demonstrations", str(shipped.path / "demonstrations.jsonl"), "--steps", str(steps),
+         "--batch-size", str(recipe["batch_size"]), "--lr", str(recipe["lr"]),
+         "--seed", str(recipe["seed"]), "--out", str(tmp_path / "warm")],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    again = json.loads((tmp_path / "warm" / "warm.json").read_text())
+    assert again["demonstrations_sha256"] == recipe["demonstrations_sha256"]
+    assert again["sft_loss"] == pytest.approx(recipe["sft_loss"][:steps], abs=1e-3)
+
+
 def test_a_bad_recipe_is_one_line_naming_the_flag(tmp_path):
     done = subprocess.run([sys.executable, "-m", "agentrl.models.warm", "--env", "calc", "--steps", "0",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "--steps must be >= 1" in done.stderr and "Traceback" not in done.stderr
+    done = subprocess.run([sys.executable, "-m", "agentrl.models.warm", "--env", "calc", "--demonstrations",
+                           str(tmp_path / "none.jsonl"), "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "--demonstrations" in done.stderr and "no such file" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -406,6 +406,40 @@ def test_env_without_task_set_gives_a_seed_stream(test_envs):
     assert env.reset(seed=seeds[0])[0] == env.reset(seed=seeds[0])[0]
 
 
+def test_max_prompts_keeps_the_first_usable_rows_and_plays_them_every_epoch(tmp_path, caplog):
+    path = write_jsonl(tmp_path / "d.jsonl", [text_rows(1)[0], "{not json", *text_rows(5)[1:]])
+    with caplog.at_level(logging.WARNING):
+        source = RolloutDataSource(make_args(prompt_data=str(path), rollout_max_prompts=3))
+    assert len(source) == 3 and "d.jsonl:2" in caplog.text  # the bad row is reported, not counted
+    assert prompts(source.get_samples(7)) == ["question 0", "question 1", "question 2"] * 2 + ["question 0"]
+    assert source.epoch == 2
+    shuffled = RolloutDataSource(make_args(prompt_data=str(path), rollout_max_prompts=3,
+                                           rollout_shuffle=True, rollout_seed=3))
+    epochs = [prompts(shuffled.get_samples(3)) for _ in range(4)]
+    assert all(sorted(e) == ["question 0", "question 1", "question 2"] for e in epochs)
+    assert len({tuple(e) for e in epochs}) > 1  # the same set, in a new order each epoch
+
+
+def test_max_prompts_of_an_env_task_set_and_of_a_seed_stream(test_envs):
+    tasks = RolloutDataSource(make_args(env="data-test-tasks", rollout_max_prompts=2))
+    ids = [g[0].metadata["task"]["id"] for g in tasks.get_samples(5)]
+    assert len(tasks) == 2 and ids == ["train-0", "train-1"] * 2 + ["train-0"]
+    seeds = RolloutDataSource(make_args(env="data-test-seeds", rollout_max_prompts=2))
+    drawn = [g[0].metadata["seed"] for g in seeds.get_samples(6)]
+    assert len(seeds) == 2 and drawn[:2] * 3 == drawn and drawn[0] != drawn[1]
+    full = RolloutDataSource(make_args(env="data-test-seeds"))
+    assert [g[0].metadata["seed"] for g in full.get_samples(2)] == drawn[:2]  # the first N seeds
+
+
+def test_max_prompts_is_checked_against_streaming():
+    from agentrl.rollout.config import RolloutConfig
+
+    with pytest.raises(ConfigError, match="--rollout-max-prompts must be >= 1"):
+        RolloutConfig(env="calc", rollout_max_prompts=0).validate()
+    with pytest.raises(ConfigError, match="--rollout-max-prompts .* --streaming-data"):
+        RolloutConfig(prompt_data="d.jsonl", rollout_max_prompts=4, streaming_data=True).validate()
+
+
 # -- buffer ---------------------------------------------------------------------------------------
 
 

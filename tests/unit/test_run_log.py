@@ -11,12 +11,12 @@ import pytest
 
 from agentrl.errors import ConfigError
 from agentrl.orchestration.flags import RunConfig, parse_args
-from agentrl.orchestration.run_log import RunLog
+from agentrl.orchestration.run_log import RunLog, run_change
 from agentrl.orchestration.sinks import scalars
 
 ENV = ["--env", "calc"]
-FLAT = {"rollout/groups": 4, "rollout/zero_std_groups": 4, "rollout/reward_mean": 0.0}
-LEARNING = {"rollout/groups": 4, "rollout/zero_std_groups": 1, "rollout/reward_mean": 0.5}
+FLAT = {"rollout/groups": 4, "rollout/samples": 4, "rollout/zero_std_groups": 4, "rollout/reward_mean": 0.0}
+LEARNING = {"rollout/groups": 4, "rollout/samples": 4, "rollout/zero_std_groups": 1, "rollout/reward_mean": 0.5}
 EVAL = {"step": 2, "sets": {"calc": {"n_prompts": 3, "n_samples": 6, "mean_reward": 0.5,
                                      "statuses": {"completed": 5, "truncated": 1},
                                      "pass@1": 0.5, "pass@2": 0.75}}}
@@ -277,8 +277,11 @@ def test_the_change_compares_the_first_rollouts_with_the_last(tmp_path: Path) ->
                                  "rollout/reward_mean": success})
     with log.metrics_path.open("a") as f:
         f.write('{"rollout_id": 7, "rollout/succ')  # a line a kill cut in half is left out
-    assert log.change() == ("success on the training tasks: 0.167 in rollouts 0-2 -> 0.667 in "
-                            "rollouts 4-6 (+0.500); mean reward 0.167 -> 0.667")
+    assert str(log.change()) == ("success on the training tasks: 0.167 in rollouts 0-2 -> 0.667 in "
+                                 "rollouts 4-6 (+0.500, 12 episodes each); mean reward 0.167 -> 0.667")
+    change = run_change(log.metrics_path)  # the same numbers, for a script that reads a finished run
+    assert change == log.change() and change.first == (0, 1, 2) and change.last == (4, 5, 6)
+    assert change.success_after - change.success_before == pytest.approx(0.5)
     log.close()
 
 
@@ -287,6 +290,21 @@ def test_the_change_of_a_two_rollout_run_compares_one_with_one(tmp_path: Path) -
     log.metrics(0, {**FLAT, "rollout/success_rate": 0.0})
     assert log.change() is None
     log.metrics(1, {**LEARNING, "rollout/success_rate": 0.5, "rollout/reward_mean": 0.5})
-    assert log.change() == ("success on the training tasks: 0.000 in rollout 0 -> 0.500 in "
-                            "rollout 1 (+0.500); mean reward 0.000 -> 0.500")
+    assert str(log.change()) == ("success on the training tasks: 0.000 in rollout 0 -> 0.500 in "
+                                 "rollout 1 (+0.500, 4 episodes each); mean reward 0.000 -> 0.500")
+    log.close()
+
+
+def test_the_change_adds_held_out_success_from_the_first_and_last_evaluation(tmp_path: Path) -> None:
+    log = RunLog(tmp_path / "run", use_tensorboard=False)
+    for rollout_id in range(2):
+        log.metrics(rollout_id, {**LEARNING, "rollout/success_rate": 0.5})
+    log.eval(0, {"step": 0, "sets": {"a": {"pass@1": 0.25, "n_samples": 8}, "b": {"pass@1": 0.75, "n_samples": 8}}})
+    assert log.change().heldout_steps is None  # one evaluation: nothing to compare
+    log.eval(2, {"step": 2, "sets": {"a": {"pass@1": 0.5, "n_samples": 8}, "b": {"pass@1": 1.0, "n_samples": 8}}})
+    change = log.change()
+    assert change.heldout_steps == (0, 2) and change.heldout_episodes == 16
+    assert (change.heldout_before, change.heldout_after) == (0.5, 0.75)  # the mean over the sets
+    assert str(change).splitlines()[1] == ("success on held-out tasks (eval pass@1, 16 episodes each): "
+                                           "0.500 at step 0 -> 0.750 at step 2 (+0.250)")
     log.close()
