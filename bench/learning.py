@@ -3,10 +3,11 @@ in two parts (``--part``).
 
 ``demo``: the main job, ``python train.py --env swe-tools --max-turns 5`` on the embedded default
 (the shipped swe-tools warm start, at its ``level=located`` and compact prompt; see
-agentrl/models/defaults.py), per seed: held-out success of the shipped model on ``--demo-tasks``
-swe-tools test tasks x ``--eval-samples`` samples at the demo's temperature (0.7), the demo run itself with its own
-defaults (``--rollout-seed``/``--seed`` set), and the same evaluation of its result; with the
-training tasks' success in the first and last rollouts (3 each). Ends with
+agentrl/models/defaults.py), per seed (``--seed``/``--rollout-seed``), with the demo's own
+defaults except its held-out evaluation, widened to ``--demo-tasks`` swe-tools test tasks x
+``--eval-samples`` samples at the demo's temperature (0.7), before the first rollout (the shipped
+model) and after the last; with the training tasks' success in the first and last rollouts (3
+each), as the run prints them. Ends with
 ``{"name": "demo_train_gain", ...}`` (the change on the training tasks, target > 0) and
 ``{"name": "demo_heldout_gain", ...}`` (reported; no target: the warm start memorised its train
 tasks, see the README).
@@ -109,37 +110,26 @@ def one_seed(seed: int, args: argparse.Namespace, out: Path) -> dict[str, float]
     return result
 
 
-def demo_held_out_success(checkpoint: Path | str, tasks: int, samples: int, seed: int) -> float:
-    """Sampled success on swe-tools test tasks at the demo's level, prompt and temperature."""
-    config = RolloutConfig(env="swe-tools", env_kwarg=list(DEMO.env_kwarg), hf_checkpoint=str(checkpoint),
-                           max_turns=DEMO.flags["max_turns"], eval_max_prompts=tasks,
-                           n_samples_per_eval_prompt=samples,
-                           rollout_temperature=DEMO.flags["rollout_temperature"], rollout_seed=seed)
-    summary, _ = asyncio.run(evaluate(config, EvalConfig(policy="model", split="test")))
-    return summary["sets"]["swe-tools"]["success_rate"]
-
-
 def demo_seed(seed: int, args: argparse.Namespace, out: Path) -> dict[str, float]:
-    """The main job as a user runs it (a subprocess of train.py on the embedded default), with
-    held-out success of the shipped warm start and of the run's result."""
+    """The main job as a user runs it (``train.py`` in a subprocess, on the embedded default),
+    seeded, with its own before/after evaluation widened to ``--demo-tasks`` held-out tasks x
+    ``--eval-samples``: the evaluation before rollout 0 is the shipped warm start's."""
     run = out / f"demo-seed{seed}"
     shutil.rmtree(run, ignore_errors=True)
-    before = demo_held_out_success(DEMO.path, args.demo_tasks, args.eval_samples, seed)
     started = time.perf_counter()
-    rollouts = args.demo_rollouts or int(DEMO.flags["num_rollout"])
-    subprocess.run([sys.executable, str(ROOT / "train.py"), "--env", "swe-tools",
-                    "--max-turns", str(DEMO.flags["max_turns"]),
-                    "--num-rollout", str(rollouts), "--seed", str(seed), "--rollout-seed", str(seed), "--save-hf", str(run / "hf"),
-                    "--no-progress", "--output-dir", str(run / "train")], check=True)
+    flags = ["--env", "swe-tools", "--max-turns", str(DEMO.flags["max_turns"]), "--seed", str(seed),
+             "--rollout-seed", str(seed), "--eval-max-prompts", str(args.demo_tasks),
+             "--n-samples-per-eval-prompt", str(args.eval_samples), "--no-progress", "--output-dir", str(run)]
+    if args.demo_rollouts:
+        flags += ["--num-rollout", str(args.demo_rollouts), "--eval-interval", str(args.demo_rollouts)]
+    subprocess.run([sys.executable, str(ROOT / "train.py"), *flags], check=True)
     wall = time.perf_counter() - started
-    after = demo_held_out_success(run / "hf" / f"rollout_{rollouts:05d}", args.demo_tasks,
-                                  args.eval_samples, seed)
-    change = run_change(run / "train" / "metrics.jsonl")  # the line train.py ends with
-    assert change is not None, f"{run / 'train'}: fewer than two rollouts recorded"
-    result = {"seed": seed, "before": before, "after": after, "wall_s": wall,
+    change = run_change(run / "metrics.jsonl", eval_path=run / "eval.jsonl")  # the lines train.py ends with
+    assert change is not None and change.heldout_steps is not None, f"{run}: no before/after recorded"
+    result = {"seed": seed, "before": change.heldout_before, "after": change.heldout_after, "wall_s": wall,
               "train_first": change.success_before, "train_last": change.success_after}
     print(f"demo seed {seed}: training tasks {result['train_first']:.3f} -> {result['train_last']:.3f}; "
-          f"held-out {before:.3f} -> {after:.3f} ({wall:.0f} s)", flush=True)
+          f"held-out {result['before']:.3f} -> {result['after']:.3f} ({wall:.0f} s)", flush=True)
     (run / "result.json").write_text(json.dumps(result) + "\n")
     return result
 

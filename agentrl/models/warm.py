@@ -31,6 +31,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "run it from a checkout of agentrl")
     out = Path(args.out)
     demos = out / "demonstrations.jsonl"
+    started = time.monotonic()
     if args.demonstrations is not None:
         given = Path(args.demonstrations)
         if args.limit is not None:
@@ -140,7 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
              "--seed", str(args.seed), "--rollout-seed", str(args.seed),
              "--save-hf", str(out / "hf"), "--save-interval", str(args.steps),
              "--no-use-ray", "--no-progress", "--output-dir", str(run)]
+    played_s, started = time.monotonic() - started, time.monotonic()
     done = subprocess.run([sys.executable, str(TRAIN_PY), *flags])
+    trained_s = time.monotonic() - started
     if done.returncode != 0:
         raise AgentRLError(f"the warm start's train.py run failed (exit {done.returncode}); its "
                            f"output is above, its files in {run}")
@@ -155,7 +159,11 @@ def main(argv: Sequence[str] | None = None) -> int:
               "limit": args.limit, "demonstrations": written, "tasks_played": played,
               "demonstrations_from": args.demonstrations,  # None: played by the oracle here
               "demonstrations_sha256": hashlib.sha256(demos.read_bytes()).hexdigest(),
-              "train_flags": flags, "sft_loss": losses}
+              "train_flags": flags, "sft_loss": losses,
+              "minutes": {"demonstrations": round(played_s / 60, 1), "training": round(trained_s / 60, 1)},
+              # what a shipped copy of model/ is checked against (tests/e2e/test_warm_start.py)
+              "model_sha256": {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+                               for p in sorted(model.iterdir()) if p.is_file()}}
     (out / "warm.json").write_text(json.dumps(recipe, indent=1) + "\n")
     print(f"warm start: sft_loss {losses[0]:.4f} -> {losses[-1]:.4f} over {args.steps} steps; "
           f"model in {model} (--hf-checkpoint {model})")

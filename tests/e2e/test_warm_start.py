@@ -4,6 +4,7 @@ reproduces the same loss curve."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -65,7 +66,12 @@ def test_the_shipped_swe_tools_warm_start_is_what_its_recipe_makes(tmp_path):
         pytest.skip(reason)
     shipped = EMBEDDED_DEFAULTS["swe-tools"]
     recipe = shipped.warm_record()
-    rows = (shipped.path / "demonstrations.jsonl").read_text(encoding="utf-8").splitlines()
+    for name, digest in recipe["model_sha256"].items():  # the files are the ones the recipe made
+        assert hashlib.sha256((shipped.path / name).read_bytes()).hexdigest() == digest, name
+    assert "model.safetensors" in recipe["model_sha256"]
+    demos = (shipped.path / "demonstrations.jsonl").read_bytes()
+    assert hashlib.sha256(demos).hexdigest() == recipe["demonstrations_sha256"]
+    rows = demos.decode("utf-8").splitlines()
     assert len(rows) == recipe["demonstrations"] == recipe["tasks_played"]
     path = tmp_path / "demos.jsonl"
     written, _ = write_demonstrations(shipped.env, [*recipe["env_kwarg"], "sandbox=bwrap"],
