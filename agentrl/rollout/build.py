@@ -10,10 +10,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from agentrl.chat import ChatRenderer
+from agentrl.engine.base import Engine, SamplingParams
 from agentrl.env.factory import EnvFactory
 from agentrl.errors import ConfigError
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.engine.base import Engine, SamplingParams
 from agentrl.rollout.episode import RolloutContext, TurnSource
 from agentrl.sandbox import SandboxPools
 
@@ -87,7 +87,7 @@ def policy_checkpoint(config: RolloutConfig) -> str:
 
 def load_policy_engine(config: RolloutConfig, **engine_kwargs: Any) -> Any:
     """The embedded engine serving :func:`policy_checkpoint`."""
-    from agentrl.rollout.engine.embedded import EmbeddedEngine
+    from agentrl.engine.embedded import EmbeddedEngine
 
     return EmbeddedEngine.from_pretrained(policy_checkpoint(config), seed=config.rollout_seed,
                                           **engine_kwargs)

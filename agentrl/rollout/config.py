@@ -266,7 +266,7 @@ class RolloutConfig:
             if value is None or not value.isdigit() or int(value) < 1:
                 raise ConfigError(f"--vllm-max-model-len must be a positive integer, got {value!r}")
         if self.rollout_backend == "vllm" and "logprobs-mode" not in self.vllm_args:
-            from agentrl.rollout.engine.vllm import logprobs_mode_for
+            from agentrl.engine.vllm import logprobs_mode_for
 
             if logprobs_mode_for(self.rollout_temperature, self.rollout_top_p, self.rollout_top_k) is None:
                 raise ConfigError(

@@ -51,10 +51,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentrl.chat import ChatRenderer
+from agentrl.engine.base import Engine, SamplingParams
 from agentrl.env import ToolEnv
 from agentrl.env.factory import EnvFactory
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.engine.base import Engine, SamplingParams
 from agentrl.rollout.overlong import OVERLONG_FINISH, fit_prompt
 from agentrl.rollout.rewards import RewardModels
 from agentrl.rollout.sample import Sample, Status, Turn

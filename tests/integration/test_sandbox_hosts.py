@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from agentrl.chat import ChatRenderer
+from agentrl.engine.base import SamplingParams
 from agentrl.orchestration.cluster import RAY_NAMESPACE, ClusterConfig
 from agentrl.orchestration.sandbox_hosts import RayHostLauncher, RemoteSandboxPools, SandboxHosts
 from agentrl.rollout.buffer import RolloutDataSourceWithBuffer
 from agentrl.rollout.build import env_factory
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.engine.base import SamplingParams
 from agentrl.rollout.episode import RolloutContext
 from agentrl.rollout.runner import RolloutRunner
 from agentrl.rollout.sample import Sample, Status

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from safetensors.torch import save_file
 
+from agentrl.engine.base import SamplingParams
+from agentrl.engine.embedded import EmbeddedEngine, load_tokenizer
+from agentrl.engine.model import read_checkpoint
+from agentrl.engine.sglang import SGLangEngine
 from agentrl.errors import EngineError
 from agentrl.models import build_tiny_model
-from agentrl.rollout.engine.base import SamplingParams
-from agentrl.rollout.engine.embedded import EmbeddedEngine, load_tokenizer
-from agentrl.rollout.engine.model import read_checkpoint
-from agentrl.rollout.engine.sglang import SGLangEngine
 from tests.support.distributed import free_port
 
 SEEDED = SamplingParams(max_new_tokens=16, sampling_seed=5, stop_token_ids=(3,))
@@ -51,7 +51,7 @@ def servers(count: int, procs: list | None = None) -> Iterator[list[str]]:
         for _ in range(count):
             port = free_port()
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "agentrl.rollout.engine.sglang_compat_server",
+                [sys.executable, "-m", "agentrl.engine.sglang_compat_server",
                  "--model-path", str(build_tiny_model()), "--port", str(port)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
             urls.append(f"http://127.0.0.1:{port}")
