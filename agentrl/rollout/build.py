@@ -4,10 +4,9 @@ renderer and the context every episode shares."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentrl.chat import ChatRenderer
 from agentrl.engine.base import Engine, SamplingParams
@@ -17,11 +16,7 @@ from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.episode import RolloutContext, TurnSource
 from agentrl.sandbox import SandboxPools
 
-if TYPE_CHECKING:
-    from agentrl.orchestration.cluster import ClusterConfig
-
 __all__ = [
-    "SANDBOX_RETRIES",
     "env_factory",
     "eval_context",
     "load_policy_engine",
@@ -32,37 +27,26 @@ __all__ = [
     "scripted_context",
 ]
 
-SANDBOX_RETRIES = 3
-"""How many times ``--use-fault-tolerance`` plays again an episode whose sandbox node died."""
-
-
-def env_factory(config: RolloutConfig, cluster: ClusterConfig | None = None) -> EnvFactory | None:
+def env_factory(config: RolloutConfig, *, make_sandbox_pools: Callable[[], SandboxPools] = SandboxPools,
+                sandbox_retries: int = 0) -> EnvFactory | None:
     """The run's env factory (``None`` without ``--env``): built once, used by the data source,
     the episodes and the evaluation.
 
     Args:
         config: The rollout flags.
-        cluster: The placement flags. With ``--sandbox-placement ray`` the envs' sandboxes run
-            on the Ray nodes that offer a ``sandbox`` resource
-            (:mod:`agentrl.orchestration.sandbox_hosts`), and with ``--use-fault-tolerance`` an
-            episode whose sandbox node died is played again, :data:`SANDBOX_RETRIES` times at
-            most. ``None``: local sandboxes, never played again.
+        make_sandbox_pools: Makes the envs' sandbox pools (default: local sandboxes;
+            ``--sandbox-placement ray`` passes remote ones, see
+            :func:`agentrl.orchestration.sandbox_hosts.placed_env_factory`).
+        sandbox_retries: How many times an episode whose sandbox was lost is played again.
 
     Raises:
         UnknownEnvError: ``--env`` names no registered env.
     """
     if config.env is None:
         return None
-    make_pools: Callable[[], SandboxPools] = SandboxPools
-    retries = 0
-    if cluster is not None and cluster.sandbox_placement == "ray":
-        from agentrl.orchestration.sandbox_hosts import RemoteSandboxPools  # Ray, on first use
-
-        make_pools = functools.partial(RemoteSandboxPools.for_cluster, cluster)
-        retries = SANDBOX_RETRIES if cluster.use_fault_tolerance else 0
     return EnvFactory(config.env, env_kwargs=config.env_kwargs, max_turns=config.max_turns,
-                      tool_call_format=config.tool_call_format, make_sandbox_pools=make_pools,
-                      sandbox_retries=retries)
+                      tool_call_format=config.tool_call_format, make_sandbox_pools=make_sandbox_pools,
+                      sandbox_retries=sandbox_retries)
 
 
 def resolve(config: RolloutConfig, envs: EnvFactory | None) -> RolloutConfig:
