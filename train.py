@@ -32,13 +32,14 @@ from agentrl.orchestration.checkpoints import (
     resume_advice,
 )
 from agentrl.orchestration.cluster import TrainerGroup
+from agentrl.orchestration.context import make_rollout_context
 from agentrl.orchestration.flags import parse_args
 from agentrl.orchestration.interrupts import StopOnSignals
 from agentrl.orchestration.run_log import RunLog
 from agentrl.orchestration.sandbox_hosts import placed_env_factory
 from agentrl.orchestration.serving import start_policy
 from agentrl.orchestration.weights import weight_sync_for
-from agentrl.rollout import RolloutRunner, load_data_source, make_rollout_context
+from agentrl.rollout import RolloutRunner, load_data_source
 from agentrl.rollout.build import policy_checkpoint
 from agentrl.rollout.demonstrations import DemoBatch, demonstrations
 from agentrl.rollout.pipeline import AsyncRollout

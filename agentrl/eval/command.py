@@ -172,8 +172,9 @@ async def _play_sets(rollout: RolloutConfig, evaluation: EvalConfig, envs: Any, 
     label. Closes the engine and the envs' sandboxes however it ends."""
     from agentrl.eval.runner import evaluate_sets
     from agentrl.orchestration.cluster import ClusterConfig
+    from agentrl.orchestration.context import make_rollout_context
     from agentrl.orchestration.serving import serve_policy
-    from agentrl.rollout.build import make_rollout_context, policy_checkpoint, scripted_context
+    from agentrl.rollout.build import policy_checkpoint, scripted_context
     from agentrl.rollout.episode import SCRIPTED_POLICIES, ScriptedTurns
 
     engine = None

@@ -52,7 +52,6 @@ _LAZY = {
     "compute_reward": "agentrl.rollout.custom",
     "acompute_reward": "agentrl.rollout.custom",
     "env_factory": "agentrl.rollout.build",
-    "make_rollout_context": "agentrl.rollout.build",
     "load_policy_engine": "agentrl.rollout.build",
 }
 

@@ -1,5 +1,7 @@
-"""Putting a rollout together from its config: the env factory, the policy engine, the chat
-renderer and the context every episode shares."""
+"""The parts of a rollout made from its config alone: the env factory, the policy engine, the
+sampling parameters, a scripted policy's context and the eval context (the context of a run's
+episodes, which may start a gateway for a black-box agent, is composed above:
+:func:`agentrl.orchestration.context.make_rollout_context`)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from agentrl.chat import ChatRenderer
-from agentrl.engine.base import Engine, SamplingParams
+from agentrl.engine.base import SamplingParams
 from agentrl.env.factory import EnvFactory
-from agentrl.errors import ConfigError
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.episode import RolloutContext, TurnSource
 from agentrl.sandbox import SandboxPools
@@ -20,7 +21,6 @@ __all__ = [
     "env_factory",
     "eval_context",
     "load_policy_engine",
-    "make_rollout_context",
     "policy_checkpoint",
     "resolve",
     "sampling_from_config",
@@ -90,47 +90,6 @@ def sampling_from_config(config: RolloutConfig, renderer: ChatRenderer | None, *
         top_p=config.rollout_top_p, top_k=config.rollout_top_k, stop=tuple(config.rollout_stop),
         stop_token_ids=tuple(dict.fromkeys([*end_of_turn, *config.rollout_stop_token_ids])),
     )
-
-
-def make_rollout_context(config: RolloutConfig, engine: Engine, envs: EnvFactory | None
-                         ) -> RolloutContext:
-    """The shared context of a run's episodes, played by ``engine``.
-
-    Checks that the chat template is token-exact with the env's tools
-    (``ChatRenderer.self_check``) and that the context length fits the engine (and, with
-    ``--overlong-prompts cut``, a response turn).
-
-    Raises:
-        ConfigError: The model has no tokenizer, or a flag value does not fit it (context).
-        ChatTemplateError: The template is not prefix-stable or the tool-call format cannot read
-            what it writes.
-    """
-    tokenizer = engine.tokenizer
-    if tokenizer is None:
-        raise ConfigError("--hf-checkpoint: the model directory has no tokenizer files")
-    config = resolve(config, envs)
-    renderer = ChatRenderer(tokenizer, config.tool_call_format)
-    renderer.self_check(list(envs.info.tool_schemas) or None if envs is not None else None)
-    engine_limit = engine.max_context_len
-    limit = config.rollout_max_context_len or engine_limit
-    if limit is None:
-        raise ConfigError("--rollout-max-context-len is required: the engine reports no limit")
-    if engine_limit is not None and limit > engine_limit:
-        raise ConfigError(f"--rollout-max-context-len {limit} exceeds the model's context "
-                          f"length {engine_limit}: lower it")
-    if config.overlong_prompts == "cut" and config.rollout_max_response_len >= limit:
-        raise ConfigError(f"--overlong-prompts cut leaves room for one --rollout-max-response-len "
-                          f"({config.rollout_max_response_len}) turn, which the context of {limit} "
-                          "tokens cannot hold: lower it or pass --rollout-max-context-len")
-    agents = None
-    if config.has_agent:
-        from agentrl.rollout.agents import AgentPlayer, load_agent
-
-        agent = load_agent(config.agent_function_path, config.agent_command, config.agent_timeout)
-        assert agent is not None
-        agents = AgentPlayer(agent, config, engine, renderer, limit)
-    return RolloutContext(config, engine, renderer, sampling_from_config(config, renderer), limit,
-                          envs, agents=agents)
 
 
 def scripted_context(config: RolloutConfig, turns: TurnSource, envs: EnvFactory) -> RolloutContext:

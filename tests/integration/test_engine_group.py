@@ -13,8 +13,9 @@ from agentrl.engine.model import read_checkpoint
 from agentrl.errors import EngineError
 from agentrl.models import build_tiny_model
 from agentrl.orchestration.cluster import ClusterConfig, start_ray
+from agentrl.orchestration.context import make_rollout_context
 from agentrl.orchestration.engines import launch_engines
-from agentrl.rollout import RolloutRunner, env_factory, load_data_source, make_rollout_context
+from agentrl.rollout import RolloutRunner, env_factory, load_data_source
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.sample import Status
 

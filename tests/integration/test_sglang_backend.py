@@ -180,7 +180,8 @@ def test_through_the_sglang_router():
 def test_a_server_killed_mid_rollout_loses_no_sample(through_router):
     """Episodes on a server that dies continue on the other (the router retries them, or the
     client fails over): every sample of the rollout is present once and none failed."""
-    from agentrl.rollout import RolloutRunner, env_factory, load_data_source, make_rollout_context
+    from agentrl.orchestration.context import make_rollout_context
+    from agentrl.rollout import RolloutRunner, env_factory, load_data_source
     from agentrl.rollout.config import RolloutConfig
     from agentrl.rollout.sample import Status
 
