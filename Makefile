@@ -3,7 +3,7 @@
 #   make test   - every CPU test tier (as root it also installs bubblewrap and Docker; and vLLM)
 #   make vllm   - vLLM for --rollout-backend vllm (the .[vllm] extra, see scripts/setup-vllm.sh)
 #   (make test also makes .venv-harbor, Python 3.12 with Harbor, see scripts/setup-harbor-check.sh)
-#   make lint   - ruff
+#   make lint   - ruff, and the layer contracts (import-linter, pyproject.toml)
 #   make bench  - the benchmarks in bench/
 
 PYTHON ?= python3
@@ -56,6 +56,7 @@ test-unit: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 bench: setup system
 	$(PY) bench/env_overhead.py

@@ -32,12 +32,14 @@ from agentrl.orchestration.checkpoints import (
     resume_advice,
 )
 from agentrl.orchestration.cluster import TrainerGroup
+from agentrl.orchestration.context import make_rollout_context
 from agentrl.orchestration.flags import parse_args
 from agentrl.orchestration.interrupts import StopOnSignals
 from agentrl.orchestration.run_log import RunLog
+from agentrl.orchestration.sandbox_hosts import placed_env_factory
 from agentrl.orchestration.serving import start_policy
 from agentrl.orchestration.weights import weight_sync_for
-from agentrl.rollout import RolloutRunner, env_factory, load_data_source, make_rollout_context
+from agentrl.rollout import RolloutRunner, load_data_source
 from agentrl.rollout.build import policy_checkpoint
 from agentrl.rollout.demonstrations import DemoBatch, demonstrations
 from agentrl.rollout.pipeline import AsyncRollout
@@ -56,7 +58,7 @@ async def main(argv: list[str]) -> None:
                        prog="train.py") as stop:
         async with contextlib.AsyncExitStack() as closing:
             log = closing.enter_context(RunLog.from_config(args))
-            envs = env_factory(rollout, args.cluster)  # every env of the run: rollouts, data, eval (one sandbox pool)
+            envs = placed_env_factory(rollout, args.cluster)  # every env of the run: rollouts, data, eval (one sandbox pool)
             if envs is not None:
                 closing.push_async_callback(envs.aclose)
             data = load_data_source(rollout, envs)  # the prompts: read and checked before anything heavy

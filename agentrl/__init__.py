@@ -10,6 +10,7 @@ The public surface users write code against:
 """
 
 from agentrl import errors
+from agentrl._version import __version__
 from agentrl.env import (
     EpisodeState,
     SandboxedToolEnv,
@@ -23,8 +24,6 @@ from agentrl.env import (
 from agentrl.env.registry import load_builtin_envs
 from agentrl.rollout import Sample, Status
 from agentrl.tools import Injected, Tool, ToolCall, tool
-
-__version__ = "0.1.0"
 
 # The built-in ids become known to make_env and to gymnasium.make("agentrl/calc-v0") now:
 # agentrl_envs only records lazy entry points, so no env module is imported here.

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from agentrl.rollout.engine import EmbeddedEngine, SamplingParams
+from agentrl.engine import EmbeddedEngine, SamplingParams
 
 
 def _prompts(vocab_size: int, count: int, length: int, seed: int = 0) -> list[list[int]]:
@@ -128,8 +128,8 @@ def embedded_vs_vllm(model_dir: str | Path, n_requests: int = 16, new_tokens: in
     import tempfile
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from agentrl.engine.vllm import VLLMEngine
     from agentrl.models.hf_config import read_config
-    from agentrl.rollout.engine.vllm import VLLMEngine
     from tests.support.vllm import vllm_server
 
     prompts = _prompts(int(read_config(model_dir, ValueError)["vocab_size"]), n_requests, prompt_len)

@@ -27,9 +27,9 @@ import aiohttp
 import openai
 
 from agentrl.chat import ChatRenderer
+from agentrl.engine import EmbeddedEngine, SamplingParams
 from agentrl.gateway import Gateway
 from agentrl.models import build_tiny_model
-from agentrl.rollout.engine import EmbeddedEngine, SamplingParams
 
 CALLS = 3
 NEW_TOKENS = 32

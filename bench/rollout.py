@@ -36,10 +36,10 @@ from pathlib import Path
 
 import agentrl
 from agentrl.chat import ChatRenderer
+from agentrl.engine import EmbeddedEngine, Engine, SamplingParams
 from agentrl.models import build_tiny_model
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.custom import load_custom_generate, run_custom_generate
-from agentrl.rollout.engine import EmbeddedEngine, Engine, SamplingParams
 from agentrl.rollout.episode import Episode, RolloutContext
 from agentrl.rollout.sample import Sample
 
@@ -124,8 +124,8 @@ async def rollout_figures(args: argparse.Namespace) -> dict[str, float]:
     if args.backend == "vllm":
         import tempfile
 
-        from agentrl.rollout.engine.embedded import load_tokenizer
-        from agentrl.rollout.engine.vllm import VLLMEngine
+        from agentrl.engine.embedded import load_tokenizer
+        from agentrl.engine.vllm import VLLMEngine
         from tests.support.vllm import vllm_server
 
         with tempfile.TemporaryDirectory() as tmp, vllm_server(Path(tmp) / "vllm.log") as url:

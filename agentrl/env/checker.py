@@ -15,6 +15,7 @@ from jsonschema.exceptions import SchemaError
 
 from agentrl.env.core import ToolEnv
 from agentrl.env.messages import message_problem
+from agentrl.env.rewards import SUCCESS_REWARD
 from agentrl.errors import AgentRLError, EnvCheckError, ToolErrorKind
 from agentrl.tools.calls import TOOL_NAME_PATTERN, ToolCall
 from agentrl.tools.tool import schema_validator
@@ -39,8 +40,6 @@ CHECKS = (
 _UNKNOWN_TOOL = "agentrl_check_no_such_tool"
 ORACLE_SUCCESS_RATE = 0.95
 """Share of the oracle's episodes that must succeed (``ToolEnv.oracle_action`` promises it)."""
-SUCCESS_REWARD = 1.0 - 1e-9
-"""An episode succeeded when it terminated with at least this reward."""
 
 
 def check_env(

@@ -1,5 +1,5 @@
 """``as_reward``: the one coercion of a reward value (an env's score, a reward plug-in's) to a
-float."""
+float; ``SUCCESS_REWARD``: the one threshold of success."""
 
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ import numbers
 from typing import Any
 
 from agentrl.errors import RewardError
+
+SUCCESS_REWARD = 1.0 - 1e-9
+"""A sample or episode succeeded when its reward reaches this (1.0 on binary-reward tasks, with
+room for float noise): what success rates, pass@k and the env checker count everywhere."""
 
 
 def as_reward(value: Any, source: str) -> float:

@@ -124,6 +124,14 @@ def parse_eval_config(namespace: argparse.Namespace) -> tuple[RolloutConfig, Eva
     if vars(namespace).get("env") is None:
         raise ConfigError("--env is required: the env whose tasks are evaluated")
     rollout = from_namespace(RolloutConfig, namespace)
+    if rollout.rollout_backend != "embedded":
+        if evaluation.policy != "model":
+            raise ConfigError(f"--rollout-backend {rollout.rollout_backend} serves --policy model; "
+                              f"--policy {evaluation.policy} uses no engine: drop one of them")
+        if not rollout.rollout_engine_urls:
+            raise ConfigError(f"agentrl eval --rollout-backend {rollout.rollout_backend} plays "
+                              "against servers you started: give their --rollout-engine-urls "
+                              "(train.py is what launches servers itself)")
     if rollout.has_agent:  # a black-box agent plays against the model, through the gateway
         if evaluation.policy not in ("oracle", "model"):
             raise ConfigError(f"--agent / --agent-command play against the model (--hf-checkpoint) "
@@ -163,17 +171,22 @@ async def _play_sets(rollout: RolloutConfig, evaluation: EvalConfig, envs: Any, 
     """Plays ``sets`` with the policy; returns each set's (metrics, groups) and the policy's
     label. Closes the engine and the envs' sandboxes however it ends."""
     from agentrl.eval.runner import evaluate_sets
-    from agentrl.rollout.build import load_policy_engine, make_rollout_context, scripted_context
+    from agentrl.orchestration.cluster import ClusterConfig
+    from agentrl.orchestration.context import make_rollout_context
+    from agentrl.orchestration.serving import serve_policy
+    from agentrl.rollout.build import policy_checkpoint, scripted_context
     from agentrl.rollout.episode import SCRIPTED_POLICIES, ScriptedTurns
 
     engine = None
     client = None
     ctx = None
     try:
-        if evaluation.policy == "model":
-            engine = load_policy_engine(rollout)
+        if evaluation.policy == "model":  # started as train.py starts it
+            engine = await serve_policy(rollout, ClusterConfig(use_ray=False), policy_checkpoint(rollout))
             ctx = make_rollout_context(rollout, engine, envs)
             label = f"model:{rollout.hf_checkpoint or 'tiny'}"
+            if rollout.rollout_backend != "embedded":
+                label += f" on {rollout.rollout_backend} {','.join(rollout.rollout_engine_urls)}"
             if ctx.agents is not None:
                 label = f"agent:{ctx.agents.agent.name} on {label}"
         elif evaluation.policy == "openai":

@@ -6,14 +6,12 @@ import collections
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from agentrl.env.rewards import SUCCESS_REWARD
 from agentrl.rollout.sample import Sample, Status
 
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 """The keys of a sample's ``metadata["usage"]`` and of the summary's ``usage``."""
 
-SUCCESS_REWARD = 1.0 - 1e-9
-"""A sample or episode succeeded when its reward reaches this (1.0 on binary-reward tasks, with
-room for float noise): what success rates and pass@k count everywhere."""
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -31,6 +31,7 @@ from typing import Any
 from aiohttp import web
 
 from agentrl.chat import ChatRenderer
+from agentrl.engine.base import Engine, SamplingParams
 from agentrl.gateway.protocol import (
     APIError,
     chat_chunk,
@@ -42,7 +43,6 @@ from agentrl.gateway.protocol import (
     parse_completion_request,
 )
 from agentrl.gateway.session import Session, SessionClosed
-from agentrl.rollout.engine.base import Engine, SamplingParams
 
 __all__ = ["Gateway", "default_sampling", "renderer_for"]
 

@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from agentrl.chat import ChatRenderer
+from agentrl.engine.base import Engine, SamplingParams
 from agentrl.errors import ToolCallParseError
 from agentrl.gateway.protocol import (
     APIError,
@@ -49,7 +50,6 @@ from agentrl.gateway.protocol import (
     message_key,
     template_messages,
 )
-from agentrl.rollout.engine.base import Engine, SamplingParams
 from agentrl.rollout.sample import Sample
 from agentrl.rollout.trajectory import Trajectory, request_seed
 

@@ -1,6 +1,7 @@
 """Models agentrl can build locally, without a download (see :mod:`agentrl.models.tiny`), the
-warm starts it ships (:mod:`agentrl.models.defaults`: the embedded default per env) and the
-command that makes them (``python -m agentrl.models.warm``).
+warm starts it ships (:mod:`agentrl.models.defaults`: the embedded default per env; the command
+that makes them, ``python -m agentrl.warm``, sits at the top of the layers since it drives
+evaluation and training).
 
 :mod:`agentrl.models.hf_config` (reading a checkpoint's ``config.json``) imports nothing heavy;
 the tiny model's builder loads the tokenizer libraries on first use.

@@ -3,7 +3,7 @@
 
 For most envs it is the random built-in tiny model (:func:`agentrl.models.build_tiny_model`):
 the machinery runs, nothing is learned. For an env listed in :data:`EMBEDDED_DEFAULTS` it is a
-tiny model warm-started on that env's oracle demonstrations (``python -m agentrl.models.warm``,
+tiny model warm-started on that env's oracle demonstrations (``python -m agentrl.warm``,
 the recipe in the checkpoint's ``warm.json``), shipped in ``agentrl/models/checkpoints/``. That
 model was trained at one setting of the env (a difficulty level, a compact prompt) and comes with
 the run flags of the demo that shows it learning (``make demo``); every one of them is only a
@@ -56,7 +56,7 @@ class EmbeddedDefault:
         env_kwarg: ``--env-kwarg`` pairs it was trained with (a level, a compact prompt).
         flags: Defaults of other ``train.py`` flags (field names of the typed configs) for its
             demo, sized to show the learning curve on 2 CPU cores; read-only.
-        recipe: The ``python -m agentrl.models.warm`` command that made it.
+        recipe: The ``python -m agentrl.warm`` command that made it.
         version: The env version it was made on (``--env NAME-vN`` names it).
     """
 
@@ -112,7 +112,7 @@ EMBEDDED_DEFAULTS: dict[str, EmbeddedDefault] = {
                "n_samples_per_prompt": 4, "rollout_max_prompts": 8, "lr": 1e-4,
                "rollout_temperature": 0.7, "eval_env": ["swe-tools"], "eval_interval": 8, "eval_max_prompts": 8,
                "n_samples_per_eval_prompt": 2},
-        recipe=("python -m agentrl.models.warm --env swe-tools --env-kwarg level=located "
+        recipe=("python -m agentrl.warm --env swe-tools --env-kwarg level=located "
                 "--env-kwarg compact=true --max-turns 5 --steps 600 --out OUT"),
     ),
 }

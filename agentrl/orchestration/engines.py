@@ -1,7 +1,7 @@
 """The rollout's engines as Ray actors, supervised, behind one :class:`Engine`.
 
 ``EngineGroup`` is what the rollout talks to when ``--rollout-num-gpus`` (or ``--colocate``) puts
-the policy engines in their own processes: it is an :class:`~agentrl.rollout.engine.Engine`, so
+the policy engines in their own processes: it is an :class:`~agentrl.engine.Engine`, so
 the episode runner does not know the difference. It
 
 * routes a request to an engine, keeping every request of one episode on the same engine (the
@@ -16,7 +16,7 @@ the episode runner does not know the difference. It
   happened: no sample is lost or played twice. Without the flag a dead engine is an
   ``EngineError`` naming it.
 
-Each engine actor serves an :class:`~agentrl.rollout.engine.EmbeddedEngine` (the SGLang backend
+Each engine actor serves an :class:`~agentrl.engine.EmbeddedEngine` (the SGLang backend
 is another issue). Weights travel through Ray's shared-memory object store (one ``ray.put`` per
 update, read by every engine) or as a Hugging Face directory on disk (``--weight-sync disk``).
 """
@@ -32,15 +32,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from agentrl.errors import EngineError
-from agentrl.orchestration.bundles import engine_bundles
-from agentrl.rollout.engine.base import (
+from agentrl.engine.base import (
     Engine,
     EpisodeAffinity,
     GenerateOutput,
     SamplingParams,
     episode_key,
 )
+from agentrl.errors import EngineError
+from agentrl.orchestration.bundles import engine_bundles
 
 __all__ = ["EngineGroup", "engine_actor_name", "launch_engines"]
 
@@ -63,7 +63,7 @@ class _EngineServer:
                  version: str, max_context_len: int | None) -> None:
         import torch
 
-        from agentrl.rollout.engine.embedded import EmbeddedEngine
+        from agentrl.engine.embedded import EmbeddedEngine
 
         torch.set_num_threads(threads)
         device = "cuda" if torch.cuda.is_available() else None

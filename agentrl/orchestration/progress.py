@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from agentrl.eval.metrics import SUCCESS_REWARD
+from agentrl.env.rewards import SUCCESS_REWARD
 
 __all__ = ["RunProgress"]
 

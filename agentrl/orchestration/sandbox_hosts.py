@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import sys
 import time
@@ -53,10 +54,13 @@ from agentrl.sandbox.base import (
 from agentrl.sandbox.pool import SandboxPools
 
 if TYPE_CHECKING:
+    from agentrl.env.factory import EnvFactory
     from agentrl.orchestration.cluster import ClusterConfig
+    from agentrl.rollout.config import RolloutConfig
 
 __all__ = [
     "SANDBOX_RESOURCE",
+    "SANDBOX_RETRIES",
     "NodeInfo",
     "RayHostLauncher",
     "RemoteSandbox",
@@ -69,6 +73,8 @@ log = logging.getLogger(__name__)
 
 SANDBOX_RESOURCE = "sandbox"
 """The Ray resource that marks a node as a sandbox node; its amount is the node's capacity."""
+SANDBOX_RETRIES = 3
+"""How many times ``--use-fault-tolerance`` plays again an episode whose sandbox node died."""
 CALL_MARGIN_S = 30.0
 """How long past its own timeout a call may take before its host is probed."""
 PROBE_TIMEOUT_S = 10.0
@@ -588,3 +594,15 @@ class RemoteSandboxPools(SandboxPools):
         finally:
             await self.hosts.close()
 
+
+def placed_env_factory(config: RolloutConfig, cluster: ClusterConfig) -> EnvFactory | None:
+    """The run's env factory (:func:`agentrl.rollout.build.env_factory`) with its sandboxes
+    where ``--sandbox-placement`` puts them: local, or with ``ray`` on the Ray nodes that offer
+    a ``sandbox`` resource, an episode whose sandbox node died being played again
+    :data:`SANDBOX_RETRIES` times at most under ``--use-fault-tolerance``."""
+    from agentrl.rollout.build import env_factory
+
+    if cluster.sandbox_placement != "ray":
+        return env_factory(config)
+    return env_factory(config, make_sandbox_pools=functools.partial(RemoteSandboxPools.for_cluster, cluster),
+                       sandbox_retries=SANDBOX_RETRIES if cluster.use_fault_tolerance else 0)

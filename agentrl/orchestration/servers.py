@@ -1,7 +1,7 @@
 """Launching inference servers for a run: one Ray actor per engine, on its placement-group
 bundle, runs the server process; an ``sglang-router`` in front of several SGLang servers; the
-client (:class:`~agentrl.rollout.engine.sglang.SGLangEngine` or
-:class:`~agentrl.rollout.engine.vllm.VLLMEngine`) talks to them.
+client (:class:`~agentrl.engine.sglang.SGLangEngine` or
+:class:`~agentrl.engine.vllm.VLLMEngine`) talks to them.
 
 * ``--rollout-backend sglang``: ``python -m sglang.launch_server --model-path ... --tp-size
   <--rollout-num-gpus-per-engine>`` with every ``--sglang-X VALUE`` passed on as ``--X VALUE``;
@@ -31,9 +31,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentrl.engine.http import HTTPEngine
 from agentrl.errors import EngineError
 from agentrl.orchestration.bundles import engine_bundles
-from agentrl.rollout.engine.http import HTTPEngine
 
 __all__ = ["EngineServers", "launch_servers", "router_command", "server_command", "vllm_defaults",
            "vllm_model_dir"]
@@ -41,7 +41,7 @@ __all__ = ["EngineServers", "launch_servers", "router_command", "server_command"
 log = logging.getLogger(__name__)
 
 SERVER_MODULES = {"sglang": "sglang.launch_server",
-                  "sglang-compat": "agentrl.rollout.engine.sglang_compat_server",
+                  "sglang-compat": "agentrl.engine.sglang_compat_server",
                   "vllm": "vllm.entrypoints.openai.api_server"}
 VLLM_CPU_KV_CACHE_BYTES = 2**30
 """The KV cache a vLLM server takes on CPU unless told otherwise (it would take 92% of RAM)."""
@@ -50,12 +50,12 @@ VLLM_CPU_KV_CACHE_BYTES = 2**30
 def vllm_defaults(rollout: Any, *, gpu: bool) -> dict[str, str | None]:
     """The vLLM server flags a run starts with unless ``--vllm-X`` (or ``--vllm-no-X``) says
     otherwise: the token-in/token-out endpoint, cached-token counts, the log-probability mode
-    the sampling flags need (see :func:`~agentrl.rollout.engine.vllm.logprobs_mode_for`); on CPU
+    the sampling flags need (see :func:`~agentrl.engine.vllm.logprobs_mode_for`); on CPU
     also float32, a 1 GiB KV cache, eager mode (compiling takes minutes there and was not
     faster for small models) and no chunked prefill: vllm-cpu 0.32's engine dies when a seeded
     request's prefill is chunked (it rewinds the request's random generator, which CPU
     generators cannot do), and every rollout request carries a seed."""
-    from agentrl.rollout.engine.vllm import logprobs_mode_for
+    from agentrl.engine.vllm import logprobs_mode_for
 
     defaults: dict[str, str | None] = {"enable-scale-out": None, "enable-prompt-tokens-details": None}
     mode = logprobs_mode_for(rollout.rollout_temperature, rollout.rollout_top_p, rollout.rollout_top_k)
@@ -72,8 +72,8 @@ def vllm_defaults(rollout: Any, *, gpu: bool) -> dict[str, str | None]:
 def vllm_model_dir(checkpoint: str | Path, *, gpu: bool, workdir: str | Path) -> Path:
     """What a vLLM server loads for ``checkpoint``: the checkpoint itself, or on CPU, for a
     model with tied embeddings, an untied view of it under ``workdir`` (see
-    :mod:`agentrl.rollout.engine.vllm`: vLLM's CPU build does not reload a tied output layer)."""
-    from agentrl.rollout.engine.vllm import ties_embeddings, untied_view
+    :mod:`agentrl.engine.vllm`: vLLM's CPU build does not reload a tied output layer)."""
+    from agentrl.engine.vllm import ties_embeddings, untied_view
 
     if gpu or not ties_embeddings(checkpoint):
         return Path(checkpoint)
@@ -190,10 +190,10 @@ def _free_port() -> int:
 
 def _engine_class(backend: str) -> type[HTTPEngine]:
     if backend == "vllm":
-        from agentrl.rollout.engine.vllm import VLLMEngine
+        from agentrl.engine.vllm import VLLMEngine
 
         return VLLMEngine
-    from agentrl.rollout.engine.sglang import SGLangEngine
+    from agentrl.engine.sglang import SGLangEngine
 
     return SGLangEngine
 
@@ -310,7 +310,7 @@ class EngineServers:
         except (RayActorError, TimeoutError):
             process_up = False
         assert self.engine is not None
-        return process_up and await self.engine._healthy(url)
+        return process_up and await self.engine.worker_healthy(url)
 
     async def _restart(self, index: int, url: str) -> None:
         import ray
@@ -319,7 +319,7 @@ class EngineServers:
         engine = self.engine
         assert engine is not None
         name = engine.server_name
-        engine._mark_down(url)
+        engine.mark_down(url)
         log.warning("%s server %s is down; restarting it (weights %s)", name, url, engine.weight_version)
         try:
             await self.actors[index].alive.remote()
@@ -328,13 +328,10 @@ class EngineServers:
         command = self.command(index, engine.last_weights_path, engine.weight_version)
         new_url = await self.actors[index].start.remote(command, self.driver_ip, self.environment(index))
         if new_url != url:  # a new actor got a new port
-            engine.replace_worker(url, new_url)
+            await engine.replace_worker(url, new_url)
             self.urls[index] = new_url
-            if engine.router is not None:
-                await engine._request("POST", f"{engine.router}/workers",
-                                      {"url": new_url, "worker_type": "regular"})
         deadline = asyncio.get_running_loop().time() + 900
-        while not await engine._healthy(new_url):
+        while not await engine.worker_healthy(new_url):
             if asyncio.get_running_loop().time() > deadline or not await self.actors[index].alive.remote():
                 log.warning("%s server %s did not come back: %s", name, new_url,
                             ray.get(self.actors[index].log_tail.remote()))

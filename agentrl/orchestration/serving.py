@@ -14,11 +14,11 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+from agentrl.engine.base import Engine
 from agentrl.orchestration.cluster import TrainerGroup, start_ray
 from agentrl.orchestration.engines import launch_engines
 from agentrl.orchestration.flags import Args
 from agentrl.orchestration.remote_errors import readable
-from agentrl.rollout.engine.base import Engine
 from agentrl.trainer.protocol import Trainer
 
 __all__ = ["serve_policy", "start_policy", "start_trainer"]

@@ -151,7 +151,7 @@ def check_plugins(rollout: RolloutConfig) -> None:
     if rollout.custom_generate_function_path:
         load_custom_generate(rollout.custom_generate_function_path)
     if rollout.agent_function_path:
-        from agentrl.rollout.agents import FunctionAgent
+        from agentrl.gateway.agents import FunctionAgent
 
         FunctionAgent(rollout.agent_function_path)
     for name, preferred in (("dynamic_sampling_filter_path", ()), ("buffer_filter_path", ()),

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from agentrl.engine.base import Engine
 from agentrl.errors import ConfigError
-from agentrl.rollout.engine.base import Engine
 from agentrl.trainer.protocol import Trainer
 
 __all__ = ["BroadcastSync", "DiskSync", "TensorSync", "WeightSync", "weight_sync_for"]
@@ -109,8 +109,8 @@ class BroadcastSync(WeightSync):
     mode = "broadcast"
 
     def __init__(self, engine: Engine, actor: Trainer) -> None:
+        from agentrl.engine.sglang import SGLangEngine
         from agentrl.orchestration.cluster import TrainerGroup
-        from agentrl.rollout.engine.sglang import SGLangEngine
 
         if not isinstance(engine, SGLangEngine):
             raise ConfigError("--weight-sync broadcast is for SGLang servers (--rollout-backend sglang*)")
@@ -164,7 +164,7 @@ def weight_sync_for(engine: Engine, actor: Trainer, mode: str, output_dir: str |
         ConfigError: ``broadcast`` for an engine that is not SGLang servers, or an unknown mode.
     """
     if mode == "auto":
-        from agentrl.rollout.engine.http import HTTPEngine
+        from agentrl.engine.http import HTTPEngine
 
         mode = "disk" if isinstance(engine, HTTPEngine) else "tensor"
     if mode == "tensor":

@@ -5,7 +5,7 @@ The stages, in data-flow order:
 * :mod:`~agentrl.rollout.data` - prompts as groups of samples (``RolloutDataSource``): JSONL/
   Parquet files or an env's task set; :mod:`~agentrl.rollout.buffer` - the source that serves
   buffered groups first (``RolloutDataSourceWithBuffer``).
-* :mod:`~agentrl.rollout.engine` - the engine contract (SGLang-shaped) and the embedded torch
+* :mod:`~agentrl.engine` - the engine contract (SGLang-shaped) and the embedded torch
   engine.
 * :mod:`~agentrl.rollout.episode` / :mod:`~agentrl.rollout.trajectory` - the one episode loop
   (its turns from the engine, a scripted policy, or a custom generate function),
@@ -27,12 +27,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from agentrl.engine.base import Engine, GenerateOutput, SamplingParams
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.engine.base import Engine, GenerateOutput, SamplingParams
 from agentrl.rollout.sample import Sample, Status, Turn
 
 _LAZY = {
-    "EmbeddedEngine": "agentrl.rollout.engine.embedded",
+    "EmbeddedEngine": "agentrl.engine.embedded",
     "Episode": "agentrl.rollout.episode",
     "EngineTurns": "agentrl.rollout.episode",
     "ScriptedTurns": "agentrl.rollout.episode",
@@ -52,7 +52,6 @@ _LAZY = {
     "compute_reward": "agentrl.rollout.custom",
     "acompute_reward": "agentrl.rollout.custom",
     "env_factory": "agentrl.rollout.build",
-    "make_rollout_context": "agentrl.rollout.build",
     "load_policy_engine": "agentrl.rollout.build",
 }
 

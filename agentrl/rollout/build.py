@@ -1,68 +1,52 @@
-"""Putting a rollout together from its config: the env factory, the policy engine, the chat
-renderer and the context every episode shares."""
+"""The parts of a rollout made from its config alone: the env factory, the policy engine, the
+sampling parameters, a scripted policy's context and the eval context (the context of a run's
+episodes, which may start a gateway for a black-box agent, is composed above:
+:func:`agentrl.orchestration.context.make_rollout_context`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentrl.chat import ChatRenderer
+from agentrl.engine.base import SamplingParams
 from agentrl.env.factory import EnvFactory
-from agentrl.errors import ConfigError
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.engine.base import Engine, SamplingParams
 from agentrl.rollout.episode import RolloutContext, TurnSource
 from agentrl.sandbox import SandboxPools
 
-if TYPE_CHECKING:
-    from agentrl.orchestration.cluster import ClusterConfig
-
 __all__ = [
-    "SANDBOX_RETRIES",
     "env_factory",
     "eval_context",
     "load_policy_engine",
-    "make_rollout_context",
     "policy_checkpoint",
     "resolve",
     "sampling_from_config",
     "scripted_context",
 ]
 
-SANDBOX_RETRIES = 3
-"""How many times ``--use-fault-tolerance`` plays again an episode whose sandbox node died."""
-
-
-def env_factory(config: RolloutConfig, cluster: ClusterConfig | None = None) -> EnvFactory | None:
+def env_factory(config: RolloutConfig, *, make_sandbox_pools: Callable[[], SandboxPools] = SandboxPools,
+                sandbox_retries: int = 0) -> EnvFactory | None:
     """The run's env factory (``None`` without ``--env``): built once, used by the data source,
     the episodes and the evaluation.
 
     Args:
         config: The rollout flags.
-        cluster: The placement flags. With ``--sandbox-placement ray`` the envs' sandboxes run
-            on the Ray nodes that offer a ``sandbox`` resource
-            (:mod:`agentrl.orchestration.sandbox_hosts`), and with ``--use-fault-tolerance`` an
-            episode whose sandbox node died is played again, :data:`SANDBOX_RETRIES` times at
-            most. ``None``: local sandboxes, never played again.
+        make_sandbox_pools: Makes the envs' sandbox pools (default: local sandboxes;
+            ``--sandbox-placement ray`` passes remote ones, see
+            :func:`agentrl.orchestration.sandbox_hosts.placed_env_factory`).
+        sandbox_retries: How many times an episode whose sandbox was lost is played again.
 
     Raises:
         UnknownEnvError: ``--env`` names no registered env.
     """
     if config.env is None:
         return None
-    make_pools: Callable[[], SandboxPools] = SandboxPools
-    retries = 0
-    if cluster is not None and cluster.sandbox_placement == "ray":
-        from agentrl.orchestration.sandbox_hosts import RemoteSandboxPools  # Ray, on first use
-
-        make_pools = functools.partial(RemoteSandboxPools.for_cluster, cluster)
-        retries = SANDBOX_RETRIES if cluster.use_fault_tolerance else 0
     return EnvFactory(config.env, env_kwargs=config.env_kwargs, max_turns=config.max_turns,
-                      tool_call_format=config.tool_call_format, make_sandbox_pools=make_pools,
-                      sandbox_retries=retries)
+                      tool_call_format=config.tool_call_format, make_sandbox_pools=make_sandbox_pools,
+                      sandbox_retries=sandbox_retries)
 
 
 def resolve(config: RolloutConfig, envs: EnvFactory | None) -> RolloutConfig:
@@ -87,7 +71,7 @@ def policy_checkpoint(config: RolloutConfig) -> str:
 
 def load_policy_engine(config: RolloutConfig, **engine_kwargs: Any) -> Any:
     """The embedded engine serving :func:`policy_checkpoint`."""
-    from agentrl.rollout.engine.embedded import EmbeddedEngine
+    from agentrl.engine.embedded import EmbeddedEngine
 
     return EmbeddedEngine.from_pretrained(policy_checkpoint(config), seed=config.rollout_seed,
                                           **engine_kwargs)
@@ -106,47 +90,6 @@ def sampling_from_config(config: RolloutConfig, renderer: ChatRenderer | None, *
         top_p=config.rollout_top_p, top_k=config.rollout_top_k, stop=tuple(config.rollout_stop),
         stop_token_ids=tuple(dict.fromkeys([*end_of_turn, *config.rollout_stop_token_ids])),
     )
-
-
-def make_rollout_context(config: RolloutConfig, engine: Engine, envs: EnvFactory | None
-                         ) -> RolloutContext:
-    """The shared context of a run's episodes, played by ``engine``.
-
-    Checks that the chat template is token-exact with the env's tools
-    (``ChatRenderer.self_check``) and that the context length fits the engine (and, with
-    ``--overlong-prompts cut``, a response turn).
-
-    Raises:
-        ConfigError: The model has no tokenizer, or a flag value does not fit it (context).
-        ChatTemplateError: The template is not prefix-stable or the tool-call format cannot read
-            what it writes.
-    """
-    tokenizer = engine.tokenizer
-    if tokenizer is None:
-        raise ConfigError("--hf-checkpoint: the model directory has no tokenizer files")
-    config = resolve(config, envs)
-    renderer = ChatRenderer(tokenizer, config.tool_call_format)
-    renderer.self_check(list(envs.info.tool_schemas) or None if envs is not None else None)
-    engine_limit = engine.max_context_len
-    limit = config.rollout_max_context_len or engine_limit
-    if limit is None:
-        raise ConfigError("--rollout-max-context-len is required: the engine reports no limit")
-    if engine_limit is not None and limit > engine_limit:
-        raise ConfigError(f"--rollout-max-context-len {limit} exceeds the model's context "
-                          f"length {engine_limit}: lower it")
-    if config.overlong_prompts == "cut" and config.rollout_max_response_len >= limit:
-        raise ConfigError(f"--overlong-prompts cut leaves room for one --rollout-max-response-len "
-                          f"({config.rollout_max_response_len}) turn, which the context of {limit} "
-                          "tokens cannot hold: lower it or pass --rollout-max-context-len")
-    agents = None
-    if config.has_agent:
-        from agentrl.rollout.agents import AgentPlayer, load_agent
-
-        agent = load_agent(config.agent_function_path, config.agent_command, config.agent_timeout)
-        assert agent is not None
-        agents = AgentPlayer(agent, config, engine, renderer, limit)
-    return RolloutContext(config, engine, renderer, sampling_from_config(config, renderer), limit,
-                          envs, agents=agents)
 
 
 def scripted_context(config: RolloutConfig, turns: TurnSource, envs: EnvFactory) -> RolloutContext:

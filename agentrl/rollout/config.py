@@ -151,7 +151,7 @@ class RolloutConfig:
     custom_rm_path: str | None = option(None, "reward function or CustomRewardModel class "
                                         "(file.py, file.py:name or module:name)")
     rm_model_path: str | None = option(None, "model_path given to a CustomRewardModel class")
-    # black-box agents (agentrl.rollout.agents), through the OpenAI-compatible gateway
+    # black-box agents (agentrl.gateway.agents), through the OpenAI-compatible gateway
     agent_function_path: str | None = option(
         None, "async run(task, endpoint) -> reward | dict | None playing each episode through "
         "the gateway (file.py:run or module:name)")
@@ -266,7 +266,7 @@ class RolloutConfig:
             if value is None or not value.isdigit() or int(value) < 1:
                 raise ConfigError(f"--vllm-max-model-len must be a positive integer, got {value!r}")
         if self.rollout_backend == "vllm" and "logprobs-mode" not in self.vllm_args:
-            from agentrl.rollout.engine.vllm import logprobs_mode_for
+            from agentrl.engine.vllm import logprobs_mode_for
 
             if logprobs_mode_for(self.rollout_temperature, self.rollout_top_p, self.rollout_top_k) is None:
                 raise ConfigError(

@@ -31,10 +31,10 @@ import time
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
+from agentrl.engine.base import SamplingParams
 from agentrl.env import as_reward
 from agentrl.errors import PluginError, ToolCallParseError
 from agentrl.plugins import load_plugin
-from agentrl.rollout.engine.base import SamplingParams
 from agentrl.rollout.episode import EngineTurns, Episode, RolloutContext
 from agentrl.rollout.rewards import maybe_await
 from agentrl.rollout.sample import Sample, Status

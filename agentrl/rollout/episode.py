@@ -6,7 +6,7 @@ come from is a :class:`TurnSource`: the engine's sampled tokens (:class:`EngineT
 and model evaluation), or a scripted policy such as the env's oracle (:class:`ScriptedTurns`,
 demonstrations and ``agentrl eval --policy oracle``). Custom generate functions drive the same
 :class:`Episode` step by step (:mod:`agentrl.rollout.custom`); black-box agents play it through
-the gateway (:mod:`agentrl.rollout.agents`).
+the gateway (:mod:`agentrl.gateway.agents`).
 
 With a chat renderer the episode is built token-in/token-out into the sample (prompt ids, the
 turns' ids with loss mask 1, the env's replies as template deltas with loss mask 0; see
@@ -51,10 +51,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentrl.chat import ChatRenderer
+from agentrl.engine.base import Engine, SamplingParams
 from agentrl.env import ToolEnv
 from agentrl.env.factory import EnvFactory
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.engine.base import Engine, SamplingParams
 from agentrl.rollout.overlong import OVERLONG_FINISH, fit_prompt
 from agentrl.rollout.rewards import RewardModels
 from agentrl.rollout.sample import Sample, Status, Turn

@@ -32,8 +32,8 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from agentrl.env.rewards import SUCCESS_REWARD
 from agentrl.errors import DataError, PluginError, RolloutFailedError
-from agentrl.eval.metrics import SUCCESS_REWARD
 from agentrl.plugins import load_plugin
 from agentrl.rollout.custom import load_custom_generate, run_custom_generate
 from agentrl.rollout.data import SkippedRow, report_skipped, row_location

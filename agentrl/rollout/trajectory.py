@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentrl.chat import ChatRenderer
-from agentrl.rollout.engine.base import Engine, GenerateOutput, SamplingParams
+from agentrl.engine.base import Engine, GenerateOutput, SamplingParams
 from agentrl.rollout.sample import Sample, Turn, parse_version
 
 __all__ = ["CUT_MARKER", "Trajectory", "fit_env_messages", "request_seed", "token_versions_of"]

@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from agentrl.errors import AgentRLError, ResourceLost
-from agentrl.tools.tool import Injected
+from agentrl.injection import Injected
 
 WORKSPACE = "/workspace"
 """Path of the episode's workspace inside every sandbox (the working directory by default)."""

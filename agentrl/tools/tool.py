@@ -20,6 +20,7 @@ from agentrl.errors import (
     SchemaViolationError,
     ToolDefinitionError,
 )
+from agentrl.injection import Injected
 from agentrl.tools.calls import TOOL_NAME_PATTERN
 from agentrl.tools.schema import (
     annotation_schema,
@@ -29,15 +30,6 @@ from agentrl.tools.schema import (
 )
 
 DEFAULT_TIMEOUT_S = 60.0
-
-
-class Injected:
-    """Base class of values the environment injects into tools (hidden from the schema).
-
-    A tool parameter annotated with a subclass of ``Injected`` (for example
-    :class:`agentrl.env.EpisodeState`, or a sandbox handle) never appears in the tool's JSON
-    schema; at call time the environment passes the matching object from its tool context.
-    """
 
 
 class Tool:

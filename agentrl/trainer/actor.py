@@ -467,16 +467,16 @@ class MegatronActor:
     def open_weight_group(self, master_address: str, master_port: int, world_size: int,
                           group_name: str, backend: str) -> None:
         """Global rank 0 joins a weight-broadcast group with inference servers as its rank 0 and
-        hosts its rendezvous (see :class:`~agentrl.rollout.engine.weight_group.WeightGroup`);
+        hosts its rendezvous (see :class:`~agentrl.engine.weight_group.WeightGroup`);
         blocks until every server has joined. Other ranks do nothing."""
-        from agentrl.rollout.engine.weight_group import WeightGroup
+        from agentrl.engine.weight_group import WeightGroup
 
         if global_rank() == 0:
             self.weight_group = WeightGroup(master_address, master_port, 0, world_size, group_name, backend)
 
     def weight_metadata(self) -> dict[str, list[Any]]:
         """Names, dtypes and shapes of :meth:`hf_state_dict` (a collective, like it)."""
-        from agentrl.rollout.engine.weight_group import WeightGroup
+        from agentrl.engine.weight_group import WeightGroup
 
         return WeightGroup.metadata(self.hf_state_dict())
 

@@ -1,4 +1,4 @@
-"""``python -m agentrl.models.warm``: the oracle's demonstrations are written once as
+"""``python -m agentrl.warm``: the oracle's demonstrations are written once as
 conversations, the tiny model is trained on them through train.py, and the same recipe
 reproduces the same loss curve."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.models.defaults import EMBEDDED_DEFAULTS
-from agentrl.models.warm import write_demonstrations
+from agentrl.warm import write_demonstrations
 from tests.support.sandboxes import backend_skip_reason
 
 pytestmark = pytest.mark.e2e
@@ -23,7 +23,7 @@ RECIPE = ["--env", "calc", "--env-kwarg", "compact=true", "--max-turns", "3", "-
 
 
 def _warm(out: Path) -> dict:
-    done = subprocess.run([sys.executable, "-m", "agentrl.models.warm", *RECIPE, "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "agentrl.warm", *RECIPE, "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "warm start: sft_loss" in done.stdout
@@ -80,7 +80,7 @@ def test_the_shipped_swe_tools_warm_start_is_what_its_recipe_makes(tmp_path):
 
     steps = 3
     done = subprocess.run(
-        [sys.executable, "-m", "agentrl.models.warm", "--env", shipped.env,
+        [sys.executable, "-m", "agentrl.warm", "--env", shipped.env,
          "--demonstrations", str(shipped.path / "demonstrations.jsonl"), "--steps", str(steps),
          "--batch-size", str(recipe["batch_size"]), "--lr", str(recipe["lr"]),
          "--seed", str(recipe["seed"]), "--out", str(tmp_path / "warm")],
@@ -92,10 +92,10 @@ def test_the_shipped_swe_tools_warm_start_is_what_its_recipe_makes(tmp_path):
 
 
 def test_a_bad_recipe_is_one_line_naming_the_flag(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "agentrl.models.warm", "--env", "calc", "--steps", "0",
+    done = subprocess.run([sys.executable, "-m", "agentrl.warm", "--env", "calc", "--steps", "0",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "--steps must be >= 1" in done.stderr and "Traceback" not in done.stderr
-    done = subprocess.run([sys.executable, "-m", "agentrl.models.warm", "--env", "calc", "--demonstrations",
+    done = subprocess.run([sys.executable, "-m", "agentrl.warm", "--env", "calc", "--demonstrations",
                            str(tmp_path / "none.jsonl"), "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "--demonstrations" in done.stderr and "no such file" in done.stderr

@@ -7,8 +7,8 @@ import asyncio
 
 import torch
 
+from agentrl.engine import EmbeddedEngine, SamplingParams
 from agentrl.models import build_tiny_model
-from agentrl.rollout.engine import EmbeddedEngine, SamplingParams
 from agentrl.rollout.sample import Sample, Status, Turn
 from agentrl.trainer.actor import MegatronActor
 from agentrl.trainer.config import TrainerConfig

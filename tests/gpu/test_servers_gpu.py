@@ -24,14 +24,14 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.engine.base import SamplingParams
+from agentrl.engine.http import HTTPEngine
+from agentrl.engine.model import read_checkpoint
+from agentrl.engine.sglang import SGLangEngine
+from agentrl.engine.vllm import VLLMEngine
 from agentrl.models import build_tiny_model
 from agentrl.orchestration.servers import _merged, server_command, vllm_defaults
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.engine.base import SamplingParams
-from agentrl.rollout.engine.http import HTTPEngine
-from agentrl.rollout.engine.model import read_checkpoint
-from agentrl.rollout.engine.sglang import SGLangEngine
-from agentrl.rollout.engine.vllm import VLLMEngine
 from agentrl.rollout.sample import Sample, Status, Turn
 from tests.support.distributed import free_port
 

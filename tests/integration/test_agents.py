@@ -18,7 +18,8 @@ import pytest
 
 import agentrl_envs  # noqa: F401 - registers the built-in envs
 from agentrl.eval.runner import EvalSet, evaluate_sets
-from agentrl.rollout.build import env_factory, make_rollout_context
+from agentrl.orchestration.context import make_rollout_context
+from agentrl.rollout.build import env_factory
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.episode import action_text
 from agentrl.rollout.sample import Status

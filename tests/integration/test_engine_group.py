@@ -7,15 +7,16 @@ import asyncio
 
 import pytest
 
+from agentrl.engine.base import SamplingParams
+from agentrl.engine.embedded import EmbeddedEngine
+from agentrl.engine.model import read_checkpoint
 from agentrl.errors import EngineError
 from agentrl.models import build_tiny_model
 from agentrl.orchestration.cluster import ClusterConfig, start_ray
+from agentrl.orchestration.context import make_rollout_context
 from agentrl.orchestration.engines import launch_engines
-from agentrl.rollout import RolloutRunner, env_factory, load_data_source, make_rollout_context
+from agentrl.rollout import RolloutRunner, env_factory, load_data_source
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.engine.base import SamplingParams
-from agentrl.rollout.engine.embedded import EmbeddedEngine
-from agentrl.rollout.engine.model import read_checkpoint
 from agentrl.rollout.sample import Status
 
 SEEDED = SamplingParams(max_new_tokens=24, sampling_seed=11)

@@ -16,11 +16,11 @@ import torch
 
 import agentrl
 from agentrl.chat import ChatRenderer
+from agentrl.engine import EmbeddedEngine, SamplingParams
 from agentrl.errors import ConfigError
 from agentrl.models import build_tiny_model
 from agentrl.orchestration.checkpoints import checkpoint_folder, latest_checkpoint, mark_latest
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.engine import EmbeddedEngine, SamplingParams
 from agentrl.rollout.episode import Episode, RolloutContext
 from agentrl.rollout.sample import Sample, Status
 from agentrl.trainer.actor import MegatronActor

@@ -16,12 +16,16 @@ from typing import Any
 import pytest
 
 from agentrl.chat import ChatRenderer
+from agentrl.engine.base import SamplingParams
 from agentrl.orchestration.cluster import RAY_NAMESPACE, ClusterConfig
-from agentrl.orchestration.sandbox_hosts import RayHostLauncher, RemoteSandboxPools, SandboxHosts
+from agentrl.orchestration.sandbox_hosts import (
+    RayHostLauncher,
+    RemoteSandboxPools,
+    SandboxHosts,
+    placed_env_factory,
+)
 from agentrl.rollout.buffer import RolloutDataSourceWithBuffer
-from agentrl.rollout.build import env_factory
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.engine.base import SamplingParams
 from agentrl.rollout.episode import RolloutContext
 from agentrl.rollout.runner import RolloutRunner
 from agentrl.rollout.sample import Sample, Status
@@ -136,7 +140,7 @@ def rollout(cluster: Cluster, *, fault_tolerance: bool, kill: RayNode, replaceme
                            use_fault_tolerance=fault_tolerance)
     rollout_config = RolloutConfig(env=ENV_ID, env_kwarg=[f"command={COMMAND}"], rollout_batch_size=1,
                                    n_samples_per_prompt=3, max_turns=3)
-    factory = env_factory(rollout_config, config)
+    factory = placed_env_factory(rollout_config, config)
     assert factory is not None
     tokenizer = tiny_tokenizer()
     ctx = RolloutContext(rollout_config, ScriptedEngine(tokenizer, run_then_answer),

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from safetensors.torch import save_file
 
+from agentrl.engine.base import SamplingParams
+from agentrl.engine.embedded import EmbeddedEngine, load_tokenizer
+from agentrl.engine.model import read_checkpoint
+from agentrl.engine.sglang import SGLangEngine
 from agentrl.errors import EngineError
 from agentrl.models import build_tiny_model
-from agentrl.rollout.engine.base import SamplingParams
-from agentrl.rollout.engine.embedded import EmbeddedEngine, load_tokenizer
-from agentrl.rollout.engine.model import read_checkpoint
-from agentrl.rollout.engine.sglang import SGLangEngine
 from tests.support.distributed import free_port
 
 SEEDED = SamplingParams(max_new_tokens=16, sampling_seed=5, stop_token_ids=(3,))
@@ -51,7 +51,7 @@ def servers(count: int, procs: list | None = None) -> Iterator[list[str]]:
         for _ in range(count):
             port = free_port()
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "agentrl.rollout.engine.sglang_compat_server",
+                [sys.executable, "-m", "agentrl.engine.sglang_compat_server",
                  "--model-path", str(build_tiny_model()), "--port", str(port)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
             urls.append(f"http://127.0.0.1:{port}")
@@ -180,7 +180,8 @@ def test_through_the_sglang_router():
 def test_a_server_killed_mid_rollout_loses_no_sample(through_router):
     """Episodes on a server that dies continue on the other (the router retries them, or the
     client fails over): every sample of the rollout is present once and none failed."""
-    from agentrl.rollout import RolloutRunner, env_factory, load_data_source, make_rollout_context
+    from agentrl.orchestration.context import make_rollout_context
+    from agentrl.rollout import RolloutRunner, env_factory, load_data_source
     from agentrl.rollout.config import RolloutConfig
     from agentrl.rollout.sample import Status
 

@@ -13,13 +13,13 @@ import torch
 from safetensors.torch import save_file
 
 from agentrl.chat import ChatRenderer
+from agentrl.engine.base import GenerateOutput, SamplingParams
+from agentrl.engine.embedded import EmbeddedEngine, load_tokenizer
+from agentrl.engine.model import read_checkpoint
+from agentrl.engine.vllm import VLLMEngine
 from agentrl.errors import EngineError
 from agentrl.models import build_tiny_model
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.engine.base import GenerateOutput, SamplingParams
-from agentrl.rollout.engine.embedded import EmbeddedEngine, load_tokenizer
-from agentrl.rollout.engine.model import read_checkpoint
-from agentrl.rollout.engine.vllm import VLLMEngine
 from agentrl.rollout.episode import Episode, RolloutContext
 from agentrl.rollout.sample import Sample, Status
 from agentrl.trainer.actor import MegatronActor
@@ -470,6 +470,25 @@ def test_agentrl_eval_plays_the_servers_chat_api_with_its_tool_calling(server):
         usage = sample.metadata["usage"]
         assert usage["prompt_tokens"] > 0 and 0 < usage["completion_tokens"] <= 16 * len(sample.turns)
     assert metrics["usage"]["total_tokens"] == sum(s.metadata["usage"]["total_tokens"] for s in samples)
+
+
+def test_agentrl_eval_plays_the_model_on_a_running_vllm_server(server):
+    """``agentrl eval --policy model --rollout-backend vllm --rollout-engine-urls URL`` starts
+    its engine as train.py does: the episodes' tokens are sampled by the server, token-exact
+    (the log-probs it returned are the samples' own)."""
+    from agentrl.cli import build_parser
+    from agentrl.eval.command import evaluate, parse_eval_config
+
+    argv = ["eval", "--env", "calc", "--policy", "model", "--hf-checkpoint", str(build_tiny_model()),
+            "--rollout-backend", "vllm", "--rollout-engine-urls", server, "--limit", "2",
+            "--max-response-len", "16"]
+    rollout, evaluation = parse_eval_config(build_parser().parse_args(argv))
+    summary, groups = asyncio.run(evaluate(rollout, evaluation))
+    assert summary["policy"].endswith(f"on vllm {server}")
+    samples = [s for g in groups["calc"] for s in g]
+    assert len(samples) == 2 and summary["sets"]["calc"]["failed"] == 0
+    for sample in samples:
+        assert sample.response_length > 0 and len(sample.rollout_log_probs) == sample.response_length
 
 
 def test_the_gateway_in_front_of_vllm_records_what_the_server_sampled(server):

@@ -1,6 +1,6 @@
 """Engine stand-ins and adapters for rollout tests and benches.
 
-:class:`ScriptedEngine`: a scripted :class:`~agentrl.rollout.engine.Engine`.
+:class:`ScriptedEngine`: a scripted :class:`~agentrl.engine.Engine`.
 
 It plays a policy written as a Python function: ``policy(text_so_far, rid) -> reply text``. The
 reply is tokenized and returned as the sampled ids (ending with the end-of-turn id), with
@@ -15,7 +15,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from agentrl.rollout.engine.base import Engine, GenerateOutput, SamplingParams
+from agentrl.engine.base import Engine, GenerateOutput, SamplingParams
 from agentrl.tools.calls import ParsedTurn, ToolCall
 from agentrl.tools.formats.base import ToolCallFormat
 

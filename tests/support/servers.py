@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from agentrl.rollout import RolloutRunner, env_factory, load_data_source, make_rollout_context
+from agentrl.orchestration.context import make_rollout_context
+from agentrl.rollout import RolloutRunner, env_factory, load_data_source
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.sample import Sample, Status
 

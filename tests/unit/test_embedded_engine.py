@@ -14,8 +14,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from agentrl.engine import EmbeddedEngine, GenerateOutput, SamplingParams
 from agentrl.errors import EngineError
-from agentrl.rollout.engine import EmbeddedEngine, GenerateOutput, SamplingParams
 from tests.support.tokenizers import tiny_tokenizer
 
 GREEDY = SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True)

@@ -12,9 +12,9 @@ from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from agentrl.chat.tiny_tokenizer import cache_root
+from agentrl.engine.model import DecoderConfig, DecoderModel
 from agentrl.errors import EngineError
 from agentrl.models import TINY_MODEL_CONFIG, build_tiny_model
-from agentrl.rollout.engine.model import DecoderConfig, DecoderModel
 from tests.support.tokenizers import tiny_tokenizer
 
 VOCAB = 320

@@ -156,6 +156,10 @@ def test_eval_of_an_env_without_an_oracle_fails_loudly(isolated_registry, capsys
     (["--limit", "-3"], "--eval-max-prompts must be >= 1, got -3"),
     (["--n-samples", "0"], "--n-samples-per-eval-prompt must be >= 1"),
     (["--output", "/proc/no/such/dir/out.json"], "--output '/proc/no/such/dir/out.json' cannot be written"),
+    # a server backend is never ignored: eval plays on servers you name, and only for the model
+    (["--policy", "model", "--rollout-backend", "vllm"], "give their --rollout-engine-urls"),
+    (["--rollout-backend", "sglang", "--rollout-engine-urls", "http://127.0.0.1:9"],
+     "--rollout-backend sglang serves --policy model; --policy oracle uses no engine"),
 ])
 def test_bad_eval_flags_are_named(argv, message, capsys):
     code = main(["eval", "--env", "calc", *argv])

@@ -8,10 +8,10 @@ import inspect
 
 import pytest
 
+from agentrl.engine.base import EpisodeAffinity, episode_key
 from agentrl.errors import ConfigError
 from agentrl.orchestration.cluster import ClusterConfig
 from agentrl.orchestration.flags import parse_args
-from agentrl.rollout.engine.base import EpisodeAffinity, episode_key
 from agentrl.trainer.protocol import Trainer
 
 

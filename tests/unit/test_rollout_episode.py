@@ -10,9 +10,9 @@ import pytest
 
 import agentrl
 from agentrl.chat import ChatRenderer
+from agentrl.engine.base import SamplingParams
 from agentrl.env.factory import EnvFactory
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.engine.base import SamplingParams
 from agentrl.rollout.episode import Episode, RolloutContext
 from agentrl.rollout.sample import Sample, Status
 from agentrl.rollout.trajectory import CUT_MARKER

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 import agentrl
 from agentrl.chat import CHATML_HERMES_TEMPLATE, ChatRenderer
+from agentrl.engine.base import Engine, GenerateOutput, SamplingParams
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.engine.base import Engine, GenerateOutput, SamplingParams
 from agentrl.rollout.episode import Episode, RolloutContext
 from agentrl.rollout.sample import Sample, Status
 from tests.support.tokenizers import qwen25_tokenizer, tiny_tokenizer

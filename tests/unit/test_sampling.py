@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from agentrl.rollout.engine.sampling import draw_tokens, sample_tokens
+from agentrl.engine.sampling import draw_tokens, sample_tokens
 
 PROBS = torch.tensor([0.5, 0.3, 0.2])
 LOGP = PROBS.log()

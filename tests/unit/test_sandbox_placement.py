@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from agentrl.chat import ChatRenderer
+from agentrl.engine.base import SamplingParams
 from agentrl.env.factory import EnvFactory
 from agentrl.errors import ConfigError
 from agentrl.orchestration.cluster import ClusterConfig
@@ -18,7 +19,6 @@ from agentrl.orchestration.flags import parse_args
 from agentrl.orchestration.sandbox_hosts import NodeInfo, RemoteSandboxPools, SandboxHosts
 from agentrl.rollout.buffer import RolloutDataSourceWithBuffer
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.engine.base import SamplingParams
 from agentrl.rollout.episode import Episode, RolloutContext
 from agentrl.rollout.runner import RolloutRunner
 from agentrl.rollout.sample import Sample, Status

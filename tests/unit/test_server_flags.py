@@ -55,7 +55,7 @@ def test_server_and_router_command_lines():
     assert "--model-path /models/q --host 127.0.0.1 --port 30001 --tp-size 2" in text
     assert "--mem-fraction-static 0.8 --enable-memory-saver --random-seed 7" in text
     compat = server_command("sglang-compat", "/m", port=1, server_args={"random-seed": "3"}, seed=9)
-    assert compat[2] == "agentrl.rollout.engine.sglang_compat_server" and "--tp-size" not in compat
+    assert compat[2] == "agentrl.engine.sglang_compat_server" and "--tp-size" not in compat
     assert compat[-2:] == ["--random-seed", "3"]  # an explicit flag wins over the run's seed
     router = router_command(["http://a:1", "http://b:2"], port=5, policy="round_robin")
     assert router[router.index("--worker-urls") + 1 : router.index("--policy")] == ["http://a:1", "http://b:2"]
@@ -136,6 +136,6 @@ def test_vllm_command_line_takes_the_defaults_unless_a_flag_overrides_them():
     (0.7, 0.9, -1, None), (0.7, 1.0, 20, None),
 ])
 def test_the_vllm_logprobs_mode_matches_what_the_trainer_recomputes(temperature, top_p, top_k, mode):
-    from agentrl.rollout.engine.vllm import logprobs_mode_for
+    from agentrl.engine.vllm import logprobs_mode_for
 
     assert logprobs_mode_for(temperature, top_p, top_k) == mode

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.rollout.engine.base import GenerateOutput, SamplingParams
-from agentrl.rollout.engine.sglang import generate_request
-from agentrl.rollout.engine.sglang_compat_server import output_to_sglang, sampling_from_sglang
+from agentrl.engine.base import GenerateOutput, SamplingParams
+from agentrl.engine.sglang import generate_request
+from agentrl.engine.sglang_compat_server import output_to_sglang, sampling_from_sglang
 
 CONTRACT = Path(__file__).resolve().parents[2] / ".venv" / "sglang-contract" / "0.5.23" / "api_types.py"
 
@@ -101,7 +101,7 @@ def test_tensor_buckets_bound_the_request_size_and_keep_order():
 
     import torch
 
-    from agentrl.rollout.engine.sglang import serialize_named_tensors, tensor_buckets
+    from agentrl.engine.sglang import serialize_named_tensors, tensor_buckets
 
     state = {f"w{i}": torch.full((10,), float(i)) for i in range(5)}  # 40 bytes each
     buckets = tensor_buckets(state, max_bytes=100)

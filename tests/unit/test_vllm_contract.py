@@ -10,15 +10,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from agentrl.errors import EngineError
-from agentrl.rollout.engine.base import SamplingParams
-from agentrl.rollout.engine.vllm import (
+from agentrl.engine.base import SamplingParams
+from agentrl.engine.vllm import (
     UNTIED_HEAD_FILE,
     generate_request,
     read_generate_response,
     ties_embeddings,
     untied_view,
 )
+from agentrl.errors import EngineError
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from agentrl.rollout.engine.weight_group import WeightGroup
+from agentrl.engine.weight_group import WeightGroup
 from tests.support.distributed import free_port, spawn
 
 

@@ -139,7 +139,7 @@ class McpConnection:
         mcp = _sdk()
         from mcp_types import Implementation
 
-        import agentrl
+        from agentrl._version import __version__
         from agentrl.tools.mcp._stdio import watched
 
         try:
@@ -147,7 +147,7 @@ class McpConnection:
                 streams = await self._open(stack)
                 client = await stack.enter_async_context(mcp.Client(
                     watched(streams, self._eof), mode=self.server.handshake, cache=None,
-                    client_info=Implementation(name="agentrl", version=agentrl.__version__),
+                    client_info=Implementation(name="agentrl", version=__version__),
                 ))
                 self.protocol_version = client.protocol_version
                 info = client.server_info

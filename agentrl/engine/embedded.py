@@ -1,6 +1,6 @@
 """An in-process inference engine: continuous batching over :class:`DecoderModel` on one thread.
 
-:class:`EmbeddedEngine` serves the :class:`~agentrl.rollout.engine.base.Engine` contract without
+:class:`EmbeddedEngine` serves the :class:`~agentrl.engine.base.Engine` contract without
 a server: CPU for tests, demos and tiny models, CUDA when present. One dedicated scheduler thread
 owns the model, the KV cache and every request's state; the asyncio side only enqueues work and
 awaits futures, which the scheduler resolves with ``loop.call_soon_threadsafe``. torch releases
@@ -14,7 +14,7 @@ the batch at the next step. Active requests always occupy slots ``0 .. n-1`` (a 
 request's slot is refilled by moving the last one), so decoding slices the cache instead of
 gathering it.
 
-Sampling is batched (:mod:`agentrl.rollout.engine.sampling`). A request with ``sampling_seed``
+Sampling is batched (:mod:`agentrl.engine.sampling`). A request with ``sampling_seed``
 draws from its own ``torch.Generator``, one uniform number per token, and everything else it
 depends on is computed row by row, so its output does not depend on what else is in the batch (up
 to floating-point differences between batch shapes, which can flip near-ties).
@@ -36,11 +36,11 @@ from typing import Any, Literal
 
 import torch
 
+from agentrl.engine.base import Engine, FinishReason, GenerateOutput, SamplingParams
+from agentrl.engine.model import DecoderModel, read_checkpoint
+from agentrl.engine.sampling import sample_tokens
 from agentrl.errors import EngineError
 from agentrl.models.hf_config import load_tokenizer
-from agentrl.rollout.engine.base import Engine, FinishReason, GenerateOutput, SamplingParams
-from agentrl.rollout.engine.model import DecoderModel, read_checkpoint
-from agentrl.rollout.engine.sampling import sample_tokens
 
 __all__ = ["EmbeddedEngine", "load_tokenizer"]
 

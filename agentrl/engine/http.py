@@ -1,12 +1,12 @@
 """What every HTTP inference-server client shares: :class:`HTTPEngine`.
 
-The SGLang client (:mod:`agentrl.rollout.engine.sglang`) and the vLLM client
-(:mod:`agentrl.rollout.engine.vllm`) differ only in their wire format and control calls. Both
+The SGLang client (:mod:`agentrl.engine.sglang`) and the vLLM client
+(:mod:`agentrl.engine.vllm`) differ only in their wire format and control calls. Both
 take from here:
 
 * routing: a request goes to the router when there is one, else to a worker chosen per episode
   (an episode's turns stay on the worker that caches its prefix; a new episode goes to the worker
-  with the fewest requests in flight, :class:`~agentrl.rollout.engine.base.EpisodeAffinity`);
+  with the fewest requests in flight, :class:`~agentrl.engine.base.EpisodeAffinity`);
 * concurrency: one ``aiohttp`` session for every request, a semaphore bounding requests in flight
   (``concurrency`` per worker);
 * retries: connection errors and 5xx answers are retried with exponential backoff (a retried
@@ -28,14 +28,14 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from agentrl.errors import EngineError
-from agentrl.rollout.engine.base import (
+from agentrl.engine.base import (
     Engine,
     EpisodeAffinity,
     GenerateOutput,
     SamplingParams,
     episode_key,
 )
+from agentrl.errors import EngineError
 
 __all__ = ["HTTPEngine", "WorkerUnreachable"]
 
@@ -124,7 +124,7 @@ class HTTPEngine(Engine):
         deadline = time.monotonic() + wait_s
         try:
             for url in engine.workers:
-                while not await engine._healthy(url):
+                while not await engine.worker_healthy(url):
                     if alive is not None and not alive():
                         raise EngineError(f"{cls.server_name} server {url} exited while starting")
                     if time.monotonic() > deadline:
@@ -174,7 +174,7 @@ class HTTPEngine(Engine):
                 except WorkerUnreachable:
                     if not failover:
                         raise
-                    self._mark_down(worker)
+                    self.mark_down(worker)
                     self.stats["failovers"] += 1
                 finally:
                     self._inflight[worker] -= 1
@@ -191,7 +191,7 @@ class HTTPEngine(Engine):
         return None
 
     async def health(self) -> bool:
-        return any(await asyncio.gather(*(self._healthy(u) for u in self.workers)))
+        return any(await asyncio.gather(*(self.worker_healthy(u) for u in self.workers)))
 
     async def close(self) -> None:
         """Closes the HTTP session, then runs :attr:`on_close`. Safe to call twice."""
@@ -204,7 +204,23 @@ class HTTPEngine(Engine):
 
     # --- workers --------------------------------------------------------------------------
 
-    def _mark_down(self, worker: str) -> None:
+    # The supervision surface: orchestration's server supervisor checks, marks down, replaces
+    # and readmits workers through these (never through the private HTTP helpers).
+
+    async def worker_healthy(self, url: str) -> bool:
+        """Whether the server at ``url`` answers its health endpoint with 200 (30 s at most)."""
+        import aiohttp
+
+        session = await self._client()
+        try:
+            async with session.get(f"{url}{self.health_path}", timeout=aiohttp.ClientTimeout(total=30)) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError):  # noqa: UP041
+            return False
+
+    def mark_down(self, worker: str) -> None:
+        """Stops routing to ``worker`` (its episodes continue on the others) until
+        :meth:`readmit`."""
         if worker not in self.down:
             log.warning("%s server %s is unreachable; its episodes continue on the others",
                         self.server_name, worker)
@@ -215,14 +231,17 @@ class HTTPEngine(Engine):
         """Routes to ``worker`` again (after it was restarted)."""
         self.down.discard(worker)
 
-    def replace_worker(self, old: str, new: str) -> None:
-        """``old`` was replaced by a server at ``new`` (kept down until :meth:`readmit`)."""
+    async def replace_worker(self, old: str, new: str) -> None:
+        """``old`` was replaced by a server at ``new`` (kept down until :meth:`readmit`); a
+        router in front of the workers is told of the new one."""
         self.workers = [new if u == old else u for u in self.workers]
         self._inflight[new] = self._inflight.pop(old, 0)
         if old in self.down:
             self.down.discard(old)
             self.down.add(new)
         self._affinity.forget(old)
+        if self.router is not None:
+            await self._request("POST", f"{self.router}/workers", {"url": new, "worker_type": "regular"})
 
     def _worker_for(self, episode: str | None) -> str:
         live = [u for u in self.workers if u not in self.down] or self.workers
@@ -283,15 +302,6 @@ class HTTPEngine(Engine):
         return list(await asyncio.gather(*(self._request(method, f"{u}{path}", body, retries=retries)
                                            for u in live)))
 
-    async def _healthy(self, url: str) -> bool:
-        import aiohttp
-
-        session = await self._client()
-        try:
-            async with session.get(f"{url}{self.health_path}", timeout=aiohttp.ClientTimeout(total=30)) as r:
-                return r.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError):  # noqa: UP041
-            return False
 
 
 def _json(text: str) -> Any:

@@ -1,8 +1,8 @@
 """Inference engines behind one token-in/token-out contract (:class:`Engine`).
 
 :class:`EmbeddedEngine` runs the policy in process with torch (CPU or CUDA);
-:mod:`~agentrl.rollout.engine.sglang` and :mod:`~agentrl.rollout.engine.vllm` are the clients of
-SGLang and vLLM servers (over :mod:`~agentrl.rollout.engine.http`). The contract (:mod:`agentrl.rollout.engine.base`) does not import torch, and neither
+:mod:`~agentrl.engine.sglang` and :mod:`~agentrl.engine.vllm` are the clients of
+SGLang and vLLM servers (over :mod:`~agentrl.engine.http`). The contract (:mod:`agentrl.engine.base`) does not import torch, and neither
 does this package until ``EmbeddedEngine`` is first asked for, so that importing the contract
 (which runs this file first) stays light.
 """
@@ -11,17 +11,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from agentrl.rollout.engine.base import Engine, FinishReason, GenerateOutput, SamplingParams
+from agentrl.engine.base import Engine, FinishReason, GenerateOutput, SamplingParams
 
 if TYPE_CHECKING:
-    from agentrl.rollout.engine.embedded import EmbeddedEngine
+    from agentrl.engine.embedded import EmbeddedEngine
 
 __all__ = ["EmbeddedEngine", "Engine", "FinishReason", "GenerateOutput", "SamplingParams"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "EmbeddedEngine":
-        from agentrl.rollout.engine.embedded import EmbeddedEngine
+        from agentrl.engine.embedded import EmbeddedEngine
 
         return EmbeddedEngine
-    raise AttributeError(f"module 'agentrl.rollout.engine' has no attribute {name!r}")
+    raise AttributeError(f"module 'agentrl.engine' has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """A supervised warm start of the built-in tiny model on an env's oracle demonstrations.
 
-    python -m agentrl.models.warm --env swe-tools --env-kwarg level=located \\
+    python -m agentrl.warm --env swe-tools --env-kwarg level=located \\
         --env-kwarg compact=true --max-turns 5 --steps 400 --out runs/warm
 
 1. **Demonstrations, once**: the env's oracle plays every task of its ``train`` split (the
@@ -37,15 +37,18 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import parse_pairs
+from agentrl.env import make_env
 from agentrl.errors import AgentRLError, ConfigError
+from agentrl.eval.command import EvalConfig, evaluate
+from agentrl.rollout.config import RolloutConfig
 
 __all__ = ["main", "write_demonstrations"]
 
-TRAIN_PY = Path(__file__).resolve().parents[2] / "train.py"
+TRAIN_PY = Path(__file__).resolve().parents[1] / "train.py"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m agentrl.models.warm", allow_abbrev=False,
+    parser = argparse.ArgumentParser(prog="python -m agentrl.warm", allow_abbrev=False,
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", required=True, help="the env whose oracle demonstrates (its train split)")
     parser.add_argument("--env-kwarg", action="append", default=[], metavar="KEY=VALUE",
@@ -65,9 +68,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def _play(env: str, env_kwarg: Sequence[str], max_turns: int | None, limit: int | None
                 ) -> tuple[list[dict[str, Any]], int]:
-    from agentrl.eval.command import EvalConfig, evaluate
-    from agentrl.rollout.config import RolloutConfig
-
     config = RolloutConfig(env=env, env_kwarg=list(env_kwarg), max_turns=max_turns,
                            eval_max_prompts=limit, n_samples_per_eval_prompt=1)
     _, groups = await evaluate(config, EvalConfig(policy="oracle", split="train"))
@@ -78,8 +78,6 @@ async def _play(env: str, env_kwarg: Sequence[str], max_turns: int | None, limit
 
 def _tool_schemas(env: str, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
     """The schemas the env shows the model at reset (none for a compact prompt)."""
-    from agentrl.env import make_env
-
     made = make_env(env, **kwargs)
     try:
         task = made.task_set("train", 1)[0]
@@ -174,5 +172,5 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except AgentRLError as exc:
-        print(f"agentrl.models.warm: error: {exc}", file=sys.stderr)
+        print(f"agentrl.warm: error: {exc}", file=sys.stderr)
         sys.exit(1)

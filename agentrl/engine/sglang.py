@@ -7,7 +7,7 @@ rid (``r<rollout>-g<group>-s<sample>-t<turn>``) and, as ``routing_key``, its epi
 keeps an episode on one worker (prefix cache). Requests go to the router when there is one, else
 straight to a worker chosen per episode; control calls (abort, pause, weight updates, memory
 release) always go to every worker, because the router does not forward them. Routing, retries,
-concurrency bounds and failover are :class:`~agentrl.rollout.engine.http.HTTPEngine`'s, shared
+concurrency bounds and failover are :class:`~agentrl.engine.http.HTTPEngine`'s, shared
 with the vLLM client.
 
 Weight updates follow SGLang's protocol: ``pause_generation`` (in place) -> push
@@ -24,9 +24,9 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Literal
 
+from agentrl.engine.base import GenerateOutput, SamplingParams, episode_key
+from agentrl.engine.http import HTTPEngine
 from agentrl.errors import EngineError
-from agentrl.rollout.engine.base import GenerateOutput, SamplingParams, episode_key
-from agentrl.rollout.engine.http import HTTPEngine
 
 __all__ = ["SGLangEngine", "generate_request", "serialize_named_tensors",
            "tensor_buckets"]
@@ -93,7 +93,7 @@ class SGLangEngine(HTTPEngine):
     Args:
         worker_urls: Every server's base URL (``http://host:port``).
         bucket_bytes: Largest tensor-push request.
-        **kwargs: :class:`~agentrl.rollout.engine.http.HTTPEngine`'s (``router_url``,
+        **kwargs: :class:`~agentrl.engine.http.HTTPEngine`'s (``router_url``,
             ``tokenizer``, ``max_context_len``, ``concurrency``, ``max_retries``, ``timeout_s``,
             ``weight_version``, ``tp_size``: one serialized entry per rank in tensor pushes).
     """
@@ -163,7 +163,7 @@ class SGLangEngine(HTTPEngine):
     async def init_weight_group(self, master_address: str, master_port: int, group_name: str,
                                 backend: str = "nccl") -> int:
         """Every server's TP ranks join the trainer's weight-broadcast group (the trainer, rank
-        0, joins concurrently; see :class:`~agentrl.rollout.engine.weight_group.WeightGroup`).
+        0, joins concurrently; see :class:`~agentrl.engine.weight_group.WeightGroup`).
         Returns the group's world size."""
         live = [u for u in self.workers if u not in self.down]
         world_size = 1 + self.tp_size * len(live)

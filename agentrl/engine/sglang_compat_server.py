@@ -6,7 +6,7 @@ and response shapes, so that the whole SGLang path (client, router, weight updat
 pause) runs and is tested on CPU. It is not a replacement for SGLang: no prefix cache, no
 tensor parallelism, no CUDA graphs.
 
-    python -m agentrl.rollout.engine.sglang_compat_server --model-path DIR --port 30000
+    python -m agentrl.engine.sglang_compat_server --model-path DIR --port 30000
 
 Endpoints: ``/generate`` (token ids in, ``output_token_logprobs`` out; unknown
 ``sampling_params`` keys are rejected with 400, as SGLang does), ``/abort_request``,
@@ -31,10 +31,10 @@ from typing import Any
 
 from aiohttp import web
 
+from agentrl.engine.base import GenerateOutput, SamplingParams, spans_from_versions
+from agentrl.engine.embedded import EmbeddedEngine
+from agentrl.engine.weight_group import WeightGroup
 from agentrl.errors import EngineError
-from agentrl.rollout.engine.base import GenerateOutput, SamplingParams, spans_from_versions
-from agentrl.rollout.engine.embedded import EmbeddedEngine
-from agentrl.rollout.engine.weight_group import WeightGroup
 
 __all__ = ["SAMPLING_KEYS", "build_app", "output_to_sglang", "sampling_from_sglang"]
 

@@ -29,7 +29,7 @@ without truncation, or either mode at temperature 1; :func:`logprobs_mode_for` p
 run's sampling flags need (``agentrl.orchestration.servers`` starts servers with it).
 
 Routing, retries, concurrency bounds and failover are
-:class:`~agentrl.rollout.engine.http.HTTPEngine`'s, shared with the SGLang client. vLLM has no
+:class:`~agentrl.engine.http.HTTPEngine`'s, shared with the SGLang client. vLLM has no
 router of its own here: each episode stays on one server (its prefix cache).
 """
 
@@ -45,9 +45,9 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from agentrl.engine.base import GenerateOutput, SamplingParams, versions_from_spans
+from agentrl.engine.http import HTTPEngine
 from agentrl.errors import EngineError
-from agentrl.rollout.engine.base import GenerateOutput, SamplingParams, versions_from_spans
-from agentrl.rollout.engine.http import HTTPEngine
 
 __all__ = ["VLLMEngine", "generate_request", "logprobs_mode_for", "read_generate_response",
            "ties_embeddings", "untied_view"]
@@ -212,7 +212,7 @@ class VLLMEngine(HTTPEngine):
         worker_urls: Every server's base URL (``http://host:port``).
         sleep_mode: The servers can release memory (started with ``--enable-sleep-mode`` on
             GPUs); :meth:`release_memory` refuses otherwise.
-        **kwargs: :class:`~agentrl.rollout.engine.http.HTTPEngine`'s (``tokenizer``,
+        **kwargs: :class:`~agentrl.engine.http.HTTPEngine`'s (``tokenizer``,
             ``max_context_len``, ``concurrency``, ``max_retries``, ``timeout_s``,
             ``weight_version``, ``tp_size``); no ``router_url``: vLLM servers are routed here.
     """
@@ -408,7 +408,7 @@ class VLLMEngine(HTTPEngine):
 
     async def close(self) -> None:
         """Closes the HTTP session and runs :attr:`on_close` (see
-        :meth:`~agentrl.rollout.engine.http.HTTPEngine.close`); removes its untied view."""
+        :meth:`~agentrl.engine.http.HTTPEngine.close`); removes its untied view."""
         await super().close()
         if self._view is not None:
             shutil.rmtree(self._view, ignore_errors=True)

@@ -2,9 +2,9 @@
 
 Token-in/token-out: a request is a list of token ids (the whole sequence so far) and sampling
 parameters; the answer is the sampled ids, the log-probability of each, why generation stopped and
-which weights produced it. Implementations: :class:`~agentrl.rollout.engine.EmbeddedEngine`
+which weights produced it. Implementations: :class:`~agentrl.engine.EmbeddedEngine`
 (torch, in process; CPU and GPU), and the HTTP clients of SGLang servers
-(:mod:`agentrl.rollout.engine.sglang`) and vLLM servers (:mod:`agentrl.rollout.engine.vllm`).
+(:mod:`agentrl.engine.sglang`) and vLLM servers (:mod:`agentrl.engine.vllm`).
 Field names follow SGLang's ``/generate`` request and response.
 """
 

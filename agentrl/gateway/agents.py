@@ -41,9 +41,13 @@ from typing import Any
 
 from agentrl.env import ToolEnv, as_reward
 from agentrl.errors import AgentRLError, PluginError
+from agentrl.gateway.server import Gateway
 from agentrl.plugins import load_plugin
 from agentrl.rollout.rewards import maybe_await
 from agentrl.rollout.sample import Sample, Status
+from agentrl.sandbox.base import Limits
+from agentrl.sandbox.local import ProcessSandbox
+from agentrl.tools.calls import ToolCall
 
 __all__ = ["AgentEndpoint", "AgentError", "AgentPlayer", "BlackBoxAgent", "CommandAgent",
            "CommandLimits", "FunctionAgent", "load_agent", "play_agent_episode"]
@@ -91,7 +95,6 @@ class AgentEndpoint:
         """
         if self.env is None:
             raise AgentError("call_tool: this episode has no env (pass --env)")
-        from agentrl.tools.calls import ToolCall
 
         outcome = await self.env.arun_tool(ToolCall(name, dict(arguments)))
         return str(outcome.to_message()["content"])
@@ -164,8 +167,6 @@ class CommandAgent(BlackBoxAgent):
         self.limits = limits or CommandLimits()
 
     async def run(self, task: Mapping[str, Any], endpoint: AgentEndpoint) -> Any:
-        from agentrl.sandbox.base import Limits
-        from agentrl.sandbox.local import ProcessSandbox
 
         limits = Limits(timeout_s=self.timeout_s, memory_mb=self.limits.memory_mb,
                         cpu_s=int(self.timeout_s) + 1, pids=self.limits.pids,
@@ -350,8 +351,6 @@ class AgentPlayer:
         """Plays ``episode`` with the agent (see :func:`play_agent_episode`)."""
         async with self._starting:
             if self.gateway is None:
-                from agentrl.gateway import Gateway
-
                 gateway = Gateway(self.engine, self.renderer, episode.ctx.sampling,
                                   self.max_context_len, seed=self.config.rollout_seed)
                 await gateway.start()
