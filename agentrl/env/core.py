@@ -275,6 +275,31 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
         """Scores a terminated episode. ``final`` is the last assistant message (with parsed
         ``tool_calls`` if the episode ended through :meth:`EpisodeState.finish`)."""
 
+    async def agrade(self, final: Message) -> float:
+        """Grades the current episode: the one path from :meth:`compute_reward` to a reward.
+
+        Every kind of episode ends here (a step that terminates, a custom generate function's
+        ``compute_reward``, a black-box agent's end), so :attr:`grading` is set while the grader
+        runs everywhere (a sandboxed env logs the grader's commands as grading, never as the
+        model's tool calls) and the score is coerced the same way.
+
+        Args:
+            final: The last assistant message (``compute_reward``'s ``final``).
+
+        Returns:
+            The reward, a finite float (:func:`agentrl.env.as_reward`).
+
+        Raises:
+            RewardError: ``compute_reward`` returned something that is not a finite number.
+        """
+        assert self.state is not None, "agrade() needs an episode: call reset() first"
+        self.grading = True
+        try:
+            return as_reward(await _maybe_await(self.compute_reward(self.state.task, final, self.state)),
+                             f"{type(self).__name__}.compute_reward")
+        finally:
+            self.grading = False
+
     def task_set(self, split: str = "test", limit: int | None = None) -> list[dict[str, Any]]:
         """The env's fixed tasks of ``split`` (for evaluation and data sources), in a stable
         order; ``limit`` takes the first ones. Envs without a fixed task set raise
@@ -410,14 +435,7 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
         truncated = not terminated and self._turn >= self.max_turns
         reward = 0.0
         if terminated:
-            self.grading = True
-            try:
-                reward = as_reward(
-                    await _maybe_await(self.compute_reward(self.state.task, message, self.state)),
-                    f"{type(self).__name__}.compute_reward",
-                )
-            finally:
-                self.grading = False
+            reward = await self.agrade(message)
         t3 = time.perf_counter()
         self._done = terminated or truncated
         self.last_step_timings = StepTimings(

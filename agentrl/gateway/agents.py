@@ -43,7 +43,6 @@ from agentrl.env import ToolEnv, as_reward
 from agentrl.errors import AgentRLError, PluginError
 from agentrl.gateway.server import Gateway
 from agentrl.plugins import load_plugin
-from agentrl.rollout.rewards import maybe_await
 from agentrl.rollout.sample import Sample, Status
 from agentrl.sandbox.base import Limits
 from agentrl.sandbox.local import ProcessSandbox
@@ -297,8 +296,7 @@ async def play_agent_episode(agent: BlackBoxAgent, episode: Any, gateway: Any, *
             reward = _score(value, sample, agent) if outcome[0] is Status.COMPLETED else 0.0
             if reward is None and not custom_rm and env is not None and env.state is not None:
                 final = {"role": "assistant", "content": session.last_assistant_text}
-                reward = as_reward(await maybe_await(env.compute_reward(env.state.task, final, env.state)),
-                                   f"{type(env).__name__}.compute_reward")
+                reward = await env.agrade(final)
             sample.reward = reward
     except Exception as exc:  # noqa: BLE001 - a crashing grader fails the sample, not the batch
         episode.fail(exc)

@@ -32,11 +32,9 @@ from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 from agentrl.engine.base import SamplingParams
-from agentrl.env import as_reward
 from agentrl.errors import PluginError, ToolCallParseError
 from agentrl.plugins import load_plugin
 from agentrl.rollout.episode import EngineTurns, Episode, RolloutContext
-from agentrl.rollout.rewards import maybe_await
 from agentrl.rollout.sample import Sample, Status
 from agentrl.tools.calls import ToolCall
 
@@ -262,8 +260,7 @@ async def _reward(call: _Call, sample: Sample) -> float:
         return 0.0
     final = {"role": "assistant", "content": state.pending_response or ""}
     started = time.perf_counter()
-    value = await maybe_await(env.compute_reward(env.state.task, final, env.state))
-    reward = as_reward(value, f"{type(env).__name__}.compute_reward")
+    reward = await env.agrade(final)
     if sample.turns:
         sample.turns[-1].reward_s += time.perf_counter() - started
     return reward

@@ -112,6 +112,11 @@ def test_mini_swe_agent_solves_swe_tools_in_the_episode_sandbox(monkeypatch, tmp
     assert metrics["success_rate"] == 1.0 and sample.reward == 1.0
     assert sample.metadata["gateway_calls"] == 2
     assert not (tmp_path / "where.txt").exists()  # the commands ran in the sandbox
+    # the one grading path: the grader's commands are logged as grading, the agent's as tools
+    commands = [c for c in sample.metadata["commands"] if c.get("kind") != "dropped"]
+    assert any(c["phase"] == "tools" and "where.txt" in c["command"] for c in commands)
+    grading = [c for c in commands if c["phase"] == "grade"]
+    assert grading and not any("where.txt" in c["command"] for c in grading)
 
 
 def test_agentrl_eval_policy_openai_plays_calc_through_the_gateway(monkeypatch):

@@ -43,6 +43,25 @@ def test_brief_custom_generate_gives_the_same_tokens_as_the_env_runner():
     assert custom.turns[0].tool_names == ["calculator"]
 
 
+def test_the_custom_loops_reward_goes_through_the_one_grading_path(monkeypatch):
+    """slime's ``compute_reward(sample)`` grades through ``ToolEnv.agrade``, as a terminating
+    step does: the env knows it is grading (a sandboxed env logs the grader's commands so)."""
+    from agentrl_envs.calc.env import CalcEnv
+
+    seen: list[bool] = []
+    graded = CalcEnv.compute_reward
+
+    def recording(self, task, final, state):
+        seen.append(self.grading)
+        return graded(self, task, final, state)
+
+    monkeypatch.setattr(CalcEnv, "compute_reward", recording)
+    ctx = make_ctx()
+    ctx.config = args()
+    sample = run_brief(ctx, [Sample(group_id=0, prompt=_calc_prompt(), metadata={"task": TASK})])[0]
+    assert sample.reward == 1.0 and seen == [True]
+
+
 def _calc_prompt():
     import agentrl
 
