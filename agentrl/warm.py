@@ -41,6 +41,7 @@ from agentrl.env import make_env
 from agentrl.errors import AgentRLError, ConfigError
 from agentrl.eval.command import EvalConfig, evaluate
 from agentrl.rollout.config import RolloutConfig
+from agentrl.rollout.outcomes import succeeded
 
 __all__ = ["main", "write_demonstrations"]
 
@@ -72,7 +73,7 @@ async def _play(env: str, env_kwarg: Sequence[str], max_turns: int | None, limit
                            eval_max_prompts=limit, n_samples_per_eval_prompt=1)
     _, groups = await evaluate(config, EvalConfig(policy="oracle", split="train"))
     played = [s for set_groups in groups.values() for group in set_groups for s in group]
-    solved = [s for s in played if s.reward is not None and s.reward >= 1.0 and s.metadata.get("messages")]
+    solved = [s for s in played if succeeded(s) and s.metadata.get("messages")]
     return [s.metadata["messages"] for s in solved], len(played)
 
 

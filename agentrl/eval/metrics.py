@@ -6,7 +6,7 @@ import collections
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from agentrl.env.rewards import SUCCESS_REWARD
+from agentrl.rollout.outcomes import outcome_metrics, succeeded
 from agentrl.rollout.sample import Sample, Status
 
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
@@ -66,7 +66,7 @@ def summarize(groups: Sequence[Sequence[Sample]]) -> dict[str, Any]:
         groups: One list per prompt (task): its samples, sharing a group id.
 
     Returns:
-        ``n_prompts``, ``n_samples``, ``success_rate`` (reward >= :data:`SUCCESS_REWARD`),
+        ``n_prompts``, ``n_samples``, ``success_rate`` (:func:`agentrl.rollout.outcomes.succeeded`),
         ``mean_reward``, ``pass@k`` for each ``k`` of :func:`pass_k_values` (``n`` = the fewest
         samples any prompt has; the unbiased estimate, averaged over prompts), ``statuses``
         (status -> count), ``failed`` (samples whose env, tool plumbing or policy crashed),
@@ -84,34 +84,30 @@ def summarize(groups: Sequence[Sequence[Sample]]) -> dict[str, Any]:
     def mean(values: Iterable[float]) -> float:
         return sum(values) / count
 
-    def succeeded(sample: Sample) -> bool:
-        return sample.status is not Status.FAILED and (sample.reward or 0.0) >= SUCCESS_REWARD
-
     errors: collections.Counter[str] = collections.Counter()
-    tool_errors: collections.Counter[str] = collections.Counter()
     for sample in samples:
-        tool_errors.update(sample.metadata.get("tool_errors", {}))
         if sample.status is Status.FAILED:
             errors[str(sample.metadata.get("error", "unknown error")).splitlines()[0][:200]] += 1
     assistant = [t for s in samples for t in s.turns if t.role == "assistant"]
+    outcome = outcome_metrics(samples)
     out: dict[str, Any] = {
         "n_prompts": len(groups),
-        "n_samples": len(samples),
-        "success_rate": mean(float(succeeded(s)) for s in samples),
-        "mean_reward": mean(s.reward or 0.0 for s in samples),
+        "n_samples": outcome["n_samples"],
+        "success_rate": outcome["success_rate"],
+        "mean_reward": outcome["mean_reward"],
     }
     n = min((len(g) for g in groups), default=0)
     for k in pass_k_values(n):
         scores = [pass_at_k(len(g), sum(succeeded(s) for s in g), k) for g in groups]
         out[f"pass@{k}"] = sum(scores) / len(scores)
     out.update({
-        "statuses": dict(sorted(collections.Counter(s.status.value for s in samples).items())),
+        "statuses": outcome["statuses"],
         "failed": sum(s.status is Status.FAILED for s in samples),
         "errors": dict(errors.most_common(5)),
-        "mean_turns": mean(s.metadata.get("turns", 0) for s in samples),
-        "mean_response_len": mean(s.response_length for s in samples),
-        "tool_calls": sum(len(t.tool_names) for t in assistant),
-        "tool_errors": dict(sorted(tool_errors.items())),
+        "mean_turns": outcome["mean_turns"],
+        "mean_response_len": outcome["mean_response_len"],
+        "tool_calls": outcome["tool_calls"],
+        "tool_errors": outcome["tool_errors"],
         "time_per_episode_s": {
             "policy": mean(t.generate_s for t in assistant),
             "tools": mean(t.tools_s for t in assistant),

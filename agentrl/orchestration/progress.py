@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from agentrl.env.rewards import SUCCESS_REWARD
+from agentrl.rollout.outcomes import succeeded
 
 __all__ = ["RunProgress"]
 
@@ -65,7 +65,7 @@ class RunProgress:
     def group_done(self, group: list[Any]) -> None:
         """A group of episodes finished (``RolloutRunner.on_group_done``)."""
         self._episodes_done += len(group)
-        self._successes += sum(1 for s in group if (s.reward or 0.0) >= SUCCESS_REWARD)
+        self._successes += sum(succeeded(s) for s in group)
         if self._bar is not None:
             self._bar.update(self._episodes, completed=min(self._episodes_done, self.samples_per_rollout),
                              note=f"success {self.success_rate:.2f}")

@@ -28,16 +28,15 @@ import asyncio
 import collections
 import dataclasses
 import logging
-import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentrl.env.rewards import SUCCESS_REWARD
 from agentrl.errors import DataError, PluginError, RolloutFailedError
 from agentrl.plugins import load_plugin
 from agentrl.rollout.custom import load_custom_generate, run_custom_generate
 from agentrl.rollout.data import SkippedRow, report_skipped, row_location
 from agentrl.rollout.episode import SANDBOX_LOST, Episode, RolloutContext
+from agentrl.rollout.outcomes import outcome_metrics
 from agentrl.rollout.sample import Sample, Status
 
 __all__ = ["RolloutBatch", "RolloutRunner", "batch_metrics", "group_order"]
@@ -411,30 +410,24 @@ def batch_metrics(groups: list[list[Sample]], counts: collections.Counter[str], 
     """A training batch's ``rollout/...`` metrics: its groups, what ``counts`` counted on the
     way (filtered, overlong, aborted groups), the groups submitted and the seconds it took."""
     samples = [s for g in groups for s in g]
-    statuses = collections.Counter(s.status.value for s in samples)
-    rewards = [s.reward for s in samples if s.reward is not None]
+    outcome = outcome_metrics(samples)  # success and reward as the evaluation counts them
     out: dict[str, float] = {
         "rollout/groups": len(groups),
-        "rollout/samples": len(samples),
+        "rollout/samples": outcome["n_samples"],
         "rollout/groups_submitted": submitted,
         "rollout/wall_s": wall_s,
-        "rollout/reward_mean": statistics.fmean(rewards) if rewards else 0.0,
-        "rollout/response_len_mean": statistics.fmean(s.response_length for s in samples) if samples else 0.0,
-        "rollout/turns_mean": statistics.fmean(s.metadata.get("turns", 0) for s in samples) if samples else 0.0,
+        "rollout/reward_mean": outcome["mean_reward"],
+        "rollout/response_len_mean": outcome["mean_response_len"],
+        "rollout/turns_mean": outcome["mean_turns"],
     }
     for status in ("completed", "truncated", "aborted", "failed"):
-        out[f"rollout/{status}"] = statuses.get(status, 0)
+        out[f"rollout/{status}"] = outcome["statuses"].get(status, 0)
     for key, value in counts.items():
         out[f"rollout/{key}"] = value
-    out["rollout/success_rate"] = (
-        sum(1 for r in rewards if r >= SUCCESS_REWARD) / len(samples) if samples else 0.0)
-    out["rollout/tool_calls"] = sum(len(t.tool_names) for s in samples for t in s.turns
-                                    if t.role == "assistant")
-    errors_by_kind: collections.Counter[str] = collections.Counter()
-    for sample in samples:
-        errors_by_kind.update(sample.metadata.get("tool_errors", {}))
-    out["rollout/tool_errors"] = sum(errors_by_kind.values())
-    for kind, count in sorted(errors_by_kind.items()):
+    out["rollout/success_rate"] = outcome["success_rate"]
+    out["rollout/tool_calls"] = outcome["tool_calls"]
+    out["rollout/tool_errors"] = sum(outcome["tool_errors"].values())
+    for kind, count in outcome["tool_errors"].items():
         out[f"rollout/tool_errors/{kind}"] = count
     generated = sum(sum(s.loss_mask) for s in samples)
     out["rollout/generated_tokens"] = generated
