@@ -26,7 +26,14 @@ from urllib.parse import urlsplit
 
 from agentrl.config import add_arguments, from_namespace, option
 from agentrl.errors import ConfigError
+from agentrl.eval.runner import EvalSet, eval_sets, evaluate_sets, write_episodes
+from agentrl.orchestration.cluster import ClusterConfig
+from agentrl.orchestration.context import make_rollout_context
+from agentrl.orchestration.interrupts import StopOnSignals
+from agentrl.orchestration.serving import serve_policy
+from agentrl.rollout.build import env_factory, policy_checkpoint, scripted_context
 from agentrl.rollout.config import RolloutConfig
+from agentrl.rollout.episode import SCRIPTED_POLICIES, ScriptedTurns
 from agentrl.rollout.sample import Sample
 
 if TYPE_CHECKING:  # aiohttp is imported only when the openai policy runs
@@ -149,10 +156,6 @@ async def evaluate(rollout: RolloutConfig, evaluation: EvalConfig
         ``(summary, groups)``: the summary ``{"env", "policy", "split", "sets": {name:
         metrics}}`` (what ``--output`` holds) and each set's played groups of samples.
     """
-    from agentrl.eval.runner import EvalSet, eval_sets
-    from agentrl.orchestration.interrupts import StopOnSignals
-    from agentrl.rollout.build import env_factory
-
     envs = env_factory(rollout)
     assert envs is not None
     sets = eval_sets(rollout) or [EvalSet(str(rollout.env), None, rollout.env, evaluation.split)]
@@ -170,13 +173,6 @@ async def _play_sets(rollout: RolloutConfig, evaluation: EvalConfig, envs: Any, 
                      ) -> tuple[dict[str, tuple[dict[str, Any], list[list[Sample]]]], str]:
     """Plays ``sets`` with the policy; returns each set's (metrics, groups) and the policy's
     label. Closes the engine and the envs' sandboxes however it ends."""
-    from agentrl.eval.runner import evaluate_sets
-    from agentrl.orchestration.cluster import ClusterConfig
-    from agentrl.orchestration.context import make_rollout_context
-    from agentrl.orchestration.serving import serve_policy
-    from agentrl.rollout.build import policy_checkpoint, scripted_context
-    from agentrl.rollout.episode import SCRIPTED_POLICIES, ScriptedTurns
-
     engine = None
     client = None
     ctx = None
@@ -235,16 +231,12 @@ def run_eval(namespace: argparse.Namespace) -> int:
     Raises:
         AgentRLError: A bad flag, env, split or plug-in (printed by the CLI as one line).
     """
-    from agentrl.eval.runner import write_episodes
-
     rollout, evaluation = parse_eval_config(namespace)
     summary, groups = asyncio.run(evaluate(rollout, evaluation))
     for name, metrics in summary["sets"].items():
         print(format_table(name, summary["policy"], metrics))
     if evaluation.output is not None:
         if evaluation.policy == "model":  # its tokenizer shows the episodes' tokens in agentrl view
-            from agentrl.rollout.build import policy_checkpoint
-
             summary["policy_dir"] = policy_checkpoint(rollout)
         path = Path(evaluation.output)
         path.write_text(json.dumps(summary, indent=2) + "\n")
