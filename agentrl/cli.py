@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from agentrl.config import parse_pairs, unknown_flags_message
 from agentrl.env import check_env, env_spec, import_env_module, list_envs
 from agentrl.errors import AgentRLError, RunInterrupted
-from agentrl.eval.command import EvalConfig
+from agentrl.eval.command import EvalConfig, add_eval_arguments, run_eval
 from agentrl.models.defaults import EmbeddedDefault, apply_embedded_default
 
 
@@ -52,8 +52,6 @@ def _cmd_check_env(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from agentrl.eval.command import run_eval
-
     return run_eval(args)
 
 
@@ -111,8 +109,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", allow_abbrev=False, help="evaluate a policy on an environment's tasks",
                        description="Evaluate a policy on an env's tasks with train.py's rollout "
                        "flags (see `agentrl eval --help`).")
-    from agentrl.eval.command import add_eval_arguments
-
     add_eval_arguments(p)
     p.set_defaults(func=_cmd_eval)
 

@@ -15,9 +15,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentrl.config import flag
+from agentrl.env.registry import env_spec
+from agentrl.env.sandboxed import SandboxedToolEnv
 from agentrl.errors import ConfigError, PluginError
+from agentrl.gateway.agents import FunctionAgent
 from agentrl.models.hf_config import EMBEDDED_MODEL_TYPES, check_safetensors_headers, read_config
+from agentrl.models.tiny import TINY_MODEL_CONFIG
 from agentrl.orchestration.checkpoints import check_resumable, latest_checkpoint
+from agentrl.plugins import load_plugin
+from agentrl.rollout.custom import load_custom_generate
 from agentrl.trainer.config import batch_shape, resolve_off_policy_correction
 from agentrl.trainer.hf_spec import ARCHITECTURES, read_hf_config
 from agentrl.trainer.model_flags import check_model_flags
@@ -128,8 +134,6 @@ def check_files(args: Args) -> None:
         if model_type in ARCHITECTURES:  # the trainer's own check, run before it starts
             check_model_flags(read_hf_config(checkpoint), args.trainer)
     else:  # the built-in tiny model: its config is known without building it
-        from agentrl.models.tiny import TINY_MODEL_CONFIG
-
         check_model_flags({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
                            **TINY_MODEL_CONFIG}, args.trainer)
     if args.trainer.load:
@@ -145,14 +149,9 @@ def check_plugins(rollout: RolloutConfig) -> None:
     Raises:
         PluginError: Naming the flag, the file or module, and what is wrong.
     """
-    from agentrl.plugins import load_plugin
-    from agentrl.rollout.custom import load_custom_generate
-
     if rollout.custom_generate_function_path:
         load_custom_generate(rollout.custom_generate_function_path)
     if rollout.agent_function_path:
-        from agentrl.gateway.agents import FunctionAgent
-
         FunctionAgent(rollout.agent_function_path)
     for name, preferred in (("dynamic_sampling_filter_path", ()), ("buffer_filter_path", ()),
                             ("custom_rm_path", ("CustomRewardModel",))):
@@ -229,9 +228,6 @@ def _check_sandbox_placement(args: Args) -> None:
                           "offers none: start the cluster with `ray start`, the sandbox nodes with "
                           "`ray start --address HEAD --resources '{\"sandbox\": 16}'`, and pass "
                           "--ray-address HEAD")
-    from agentrl.env.registry import env_spec
-    from agentrl.env.sandboxed import SandboxedToolEnv
-
     for env_id in dict.fromkeys([*([rollout.env] if rollout.env else []), *rollout.eval_env]):
         env_class = env_spec(env_id).load()
         if not (inspect.isclass(env_class) and issubclass(env_class, SandboxedToolEnv)):
