@@ -296,7 +296,7 @@ async def play_agent_episode(agent: BlackBoxAgent, episode: Any, gateway: Any, *
             reward = _score(value, sample, agent) if outcome[0] is Status.COMPLETED else 0.0
             if reward is None and not custom_rm and env is not None and env.state is not None:
                 final = {"role": "assistant", "content": session.last_assistant_text}
-                reward = await env.agrade(final)
+                reward = await episode.grade(final)
             sample.reward = reward
     except Exception as exc:  # noqa: BLE001 - a crashing grader fails the sample, not the batch
         episode.fail(exc)

@@ -260,7 +260,7 @@ async def _reward(call: _Call, sample: Sample) -> float:
         return 0.0
     final = {"role": "assistant", "content": state.pending_response or ""}
     started = time.perf_counter()
-    reward = await env.agrade(final)
+    reward = await state.episode.grade(final)
     if sample.turns:
         sample.turns[-1].reward_s += time.perf_counter() - started
     return reward

@@ -465,6 +465,20 @@ class Episode:
             sample.metadata.update(self.env.episode_record())
         self.done = True
 
+    async def grade(self, final: dict[str, Any]) -> float:
+        """Grades an episode that ended outside :meth:`~agentrl.env.ToolEnv.astep` (a custom
+        generate loop, a black-box agent) through the env's one grading path
+        (:meth:`~agentrl.env.ToolEnv.agrade`), and records what the grader found and ran with
+        the sample, as a terminating step's grading is.
+
+        Args:
+            final: The last assistant message.
+        """
+        assert self.env is not None, "grade() needs the episode's env"
+        reward = await self.env.agrade(final)
+        self.sample.metadata.update(self.env.episode_record())
+        return reward
+
     def fail(self, exc: BaseException, *, report: bool = True) -> None:
         """Fails the sample with ``exc`` as the reason (``metadata["error"]``); finish
         ``sandbox_lost`` for a :class:`SandboxLost`, else ``error``. ``report``: also log it (a
