@@ -13,6 +13,7 @@ from agentrl.env import check_env, env_spec, import_env_module, list_envs
 from agentrl.errors import AgentRLError, RunInterrupted
 from agentrl.eval.command import EvalConfig, add_eval_arguments, run_eval
 from agentrl.models.defaults import EmbeddedDefault, apply_embedded_default
+from agentrl.view import Catalog, serve
 
 
 def _cmd_list_envs(args: argparse.Namespace) -> int:
@@ -58,8 +59,6 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_view(args: argparse.Namespace) -> int:
     import asyncio
     import errno
-
-    from agentrl.view import Catalog, serve
 
     catalog = Catalog(args.path)  # a path that is neither a run nor an eval: a ViewError, one line
     found = catalog.targets()

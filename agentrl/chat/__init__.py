@@ -14,6 +14,8 @@ because it starts right after a special token, its tokens are exactly those the 
 have there. This requires a *prefix-stable* template (appending messages never changes how the
 history renders) and a tool-call format that reads what the template writes;
 :meth:`ChatRenderer.self_check` verifies both, token for token, at start-up.
+
+Imported on first use: the tiny tokenizer's builder (the ``tokenizers`` library).
 """
 
 from typing import Any

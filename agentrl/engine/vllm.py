@@ -48,6 +48,7 @@ from typing import Any, Literal
 from agentrl.engine.base import GenerateOutput, SamplingParams, versions_from_spans
 from agentrl.engine.http import HTTPEngine
 from agentrl.errors import EngineError
+from agentrl.models.hf_config import safetensors_specs
 
 __all__ = ["VLLMEngine", "generate_request", "logprobs_mode_for", "read_generate_response",
            "ties_embeddings", "untied_view"]
@@ -264,8 +265,6 @@ class VLLMEngine(HTTPEngine):
         root = Path(str(models["data"][0].get("root") or ""))
         self.served_root = root if root.is_dir() else None
         if self._served_specs is None and root.is_dir():
-            from agentrl.models.hf_config import safetensors_specs
-
             self._served_specs = await asyncio.to_thread(safetensors_specs, root, EngineError)
             self.untied_head = (root / UNTIED_HEAD_FILE).is_file()
         return int(models["data"][0]["max_model_len"])
@@ -279,8 +278,6 @@ class VLLMEngine(HTTPEngine):
         """
         if self._served_specs is None:
             return  # the server's files are elsewhere: it checks for itself
-        from agentrl.models.hf_config import safetensors_specs
-
         if not Path(path).is_dir():
             raise EngineError(f"updating weights from disk {path!r} failed: no such directory")
         try:

@@ -4,6 +4,8 @@ An episode is a conversation. ``reset`` returns the task as chat messages; each 
 one assistant turn and returns the environment's reply. Tools are plain typed functions (see
 :func:`agentrl.tool`); the environment parses the model's tool calls, validates them, runs the
 tools and returns their results as ``role: tool`` messages.
+
+Imported on first use: the MCP client (the MCP SDK), only for an env with ``mcp_servers``.
 """
 
 from __future__ import annotations

@@ -18,6 +18,9 @@ tool-call format      yes                                      yes
 sandbox pools         shared                                   shared
 MCP pool              shared                                   shared
 ====================  =======================================  ==================================
+
+Imported on first use: the MCP client (the MCP SDK), only for an env with ``mcp_servers``;
+``SandboxedToolEnv`` (its module imports this one).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.env.core import ToolEnv
 from agentrl.env.registry import env_spec
+from agentrl.errors import NoTaskSetError
 from agentrl.sandbox import SandboxPools
 
 if TYPE_CHECKING:
@@ -157,8 +161,6 @@ class EnvFactory:
         Raises:
             UnknownSplitError: The env has task sets, but not ``split``.
         """
-        from agentrl.errors import NoTaskSetError
-
         probe = self()
         try:
             return list(probe.task_set(split, limit))

@@ -11,6 +11,9 @@ runs is :func:`agentrl.eval.runner.evaluate_sets`, the evaluation ``train.py`` r
 
 ``--policy openai`` plays any OpenAI-compatible chat server with its native tool calling
 (:mod:`agentrl.eval.openai_policy`).
+
+Imported on first use: the ``--policy openai`` client (aiohttp and its session), only when that
+policy plays.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ once (they are collectives over the model-parallel group), returning rank 0's an
 rendezvous over torch.distributed at rank 0's node address. On a machine without GPUs every
 rank gets a ``{"CPU": 1}`` bundle; with GPUs, one GPU (and ``--cpus-per-rank`` CPUs). Ray starts
 locally unless ``--ray-address`` names a cluster.
+
+Imported on first use: Ray, and the Megatron actor (megatron-core, torch) in the process that
+builds a rank.
 """
 
 from __future__ import annotations

@@ -19,6 +19,9 @@ the episode runner does not know the difference. It
 Each engine actor serves an :class:`~agentrl.engine.EmbeddedEngine` (the SGLang backend
 is another issue). Weights travel through Ray's shared-memory object store (one ``ray.put`` per
 update, read by every engine) or as a Hugging Face directory on disk (``--weight-sync disk``).
+
+Imported on first use: Ray, and the embedded engine and the tokenizer (torch, transformers) in the
+actor that serves.
 """
 
 from __future__ import annotations

@@ -15,6 +15,9 @@ the user refused, leaking mounts and containers is not acceptable either way.
 The handler is a plain ``signal.signal`` handler, not ``loop.add_signal_handler``: the loop's
 handlers only run when the loop gets control back, and a blocking trainer call (a Ray ``get``)
 would delay even the second signal.
+
+Imported on first use: the sandbox reaper, only when a signal stops the run (the sandbox package
+pulls the Docker back-end's helpers).
 """
 
 from __future__ import annotations

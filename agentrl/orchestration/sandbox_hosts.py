@@ -25,6 +25,8 @@ lost sandbox does nothing. Nodes that join later, such as a replacement, are fou
 the cluster again. Sandboxes on surviving hosts are closed when released and when the pools
 close, then the host actors are killed; if the driver dies, Ray ends its hosts with it and the
 next run's host on each node removes what they left (:func:`~agentrl.sandbox.reap_leftovers`).
+
+Imported on first use: Ray's start (``start_ray``), only when a host launcher starts one.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agentrl.orchestration._sandbox_host import SandboxHostActor
+from agentrl.rollout.build import env_factory
 from agentrl.sandbox.base import (
     WORKSPACE,
     ExecResult,
@@ -600,8 +603,6 @@ def placed_env_factory(config: RolloutConfig, cluster: ClusterConfig) -> EnvFact
     where ``--sandbox-placement`` puts them: local, or with ``ray`` on the Ray nodes that offer
     a ``sandbox`` resource, an episode whose sandbox node died being played again
     :data:`SANDBOX_RETRIES` times at most under ``--use-fault-tolerance``."""
-    from agentrl.rollout.build import env_factory
-
     if cluster.sandbox_placement != "ray":
         return env_factory(config)
     return env_factory(config, make_sandbox_pools=functools.partial(RemoteSandboxPools.for_cluster, cluster),

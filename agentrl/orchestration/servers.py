@@ -13,6 +13,9 @@ client (:class:`~agentrl.engine.sglang.SGLangEngine` or
 
 ``--rollout-engine-urls`` (and ``--rollout-router-url`` for SGLang) use servers that are already
 running.
+
+Imported on first use: Ray, the SGLang and vLLM clients of the backend asked for, and the tokenizer
+(transformers).
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ Start-up overlaps what it can. The trainer's Ray ranks build their models in the
 until the first call that needs them (:meth:`~agentrl.orchestration.cluster.TrainerGroup.ready`),
 and an engine that runs in this process (the embedded default) loads in a thread while Ray
 starts, so the first rollout begins before the trainer is ready.
+
+Imported on first use: the Megatron actor (megatron-core, torch) and the server launcher (aiohttp,
+Ray), only for the backend and placement the flags ask for.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from agentrl.orchestration.cluster import TrainerGroup, start_ray
 from agentrl.orchestration.engines import launch_engines
 from agentrl.orchestration.flags import Args
 from agentrl.orchestration.remote_errors import readable
+from agentrl.rollout.build import load_policy_engine
 from agentrl.trainer.protocol import Trainer
 
 __all__ = ["serve_policy", "start_policy", "start_trainer"]
@@ -86,8 +90,6 @@ async def serve_policy(rollout: Any, cluster: Any, checkpoint: str | Path, train
 
         return await launch_servers(rollout, cluster, checkpoint, trainer=trainer)
     if not cluster.engine_actors:
-        from agentrl.rollout.build import load_policy_engine
-
         return await asyncio.to_thread(load_policy_engine, rollout, max_batch_size=rollout.rollout_concurrency,
                                        max_context_len=rollout.engine_context_len)
     per_engine = -(-rollout.rollout_concurrency // cluster.num_engines)

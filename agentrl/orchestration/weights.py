@@ -16,6 +16,8 @@ or ranks in Ray actors); ``train.py`` then calls :meth:`WeightSync.push` after e
   TP rank form a process group (NCCL; gloo on CPU) on the first push; each push broadcasts the
   tensors from rank 0 while the servers receive them (``update_weights_from_distributed``): no
   disk, no copy through the driver.
+
+Imported on first use: Ray, and the clients of the backend a push goes to.
 """
 
 from __future__ import annotations

@@ -1,7 +1,11 @@
 """The parts of a rollout made from its config alone: the env factory, the policy engine, the
 sampling parameters, a scripted policy's context and the eval context (the context of a run's
 episodes, which may start a gateway for a black-box agent, is composed above:
-:func:`agentrl.orchestration.context.make_rollout_context`)."""
+:func:`agentrl.orchestration.context.make_rollout_context`).
+
+Imported on first use: the embedded engine (torch) and the tiny model's builder (``tokenizers``),
+only when a run plays a model here.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from agentrl.chat import ChatRenderer
 from agentrl.engine.base import SamplingParams
 from agentrl.env.factory import EnvFactory
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.episode import RolloutContext, TurnSource
+from agentrl.rollout.episode import EngineTurns, RolloutContext, TurnSource
 from agentrl.sandbox import SandboxPools
 
 __all__ = [
@@ -108,8 +112,6 @@ def eval_context(ctx: RolloutContext) -> RolloutContext:
         return ctx
     sampling = sampling_from_config(ctx.config, ctx.renderer, evaluation=True)
     turns = ctx.turns
-    from agentrl.rollout.episode import EngineTurns
-
     if isinstance(turns, EngineTurns):
         turns = EngineTurns(ctx.engine, sampling, ctx.config.rollout_seed)
     return dataclasses.replace(ctx, sampling=sampling, turns=turns, stopping=threading.Event())

@@ -1,5 +1,9 @@
 """``RolloutConfig``: every rollout flag, typed, with its meaning (``docs/rl-semantics.md``
-says what the RL flags do)."""
+says what the RL flags do).
+
+Imported on first use: the vLLM client's log-prob mode, only for ``--rollout-backend vllm`` (the
+config stays light for every command's start-up checks).
+"""
 
 from __future__ import annotations
 

@@ -20,6 +20,8 @@ Guarantees:
   grow with the file. Its shuffle is APPROXIMATE: a seeded shuffle buffer of
   ``--shuffle-buffer-size`` rows, so rows far apart in the file rarely swap. ``--num-data-workers
   N`` parses rows ahead in N threads; the order is the same as with one.
+
+Imported on first use: ``RolloutDataSourceWithBuffer`` (its module subclasses this one's source).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from agentrl.rollout._rows import (
     read_rows,
     shuffle_buffer,
 )
+from agentrl.rollout.build import env_factory
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.sample import Sample
 
@@ -169,8 +172,6 @@ class RolloutDataSource:
         self._env_split = split
         self.max_prompts = config.rollout_max_prompts  # None: every prompt
         if envs is None:  # a data source built on its own (a plug-in's super().__init__(args))
-            from agentrl.rollout.build import env_factory
-
             envs = env_factory(config)
         self._envs = envs
         if envs is not None:

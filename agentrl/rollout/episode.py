@@ -60,6 +60,7 @@ from agentrl.rollout.rewards import RewardModels
 from agentrl.rollout.sample import Sample, Status, Turn
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.sandbox.base import SandboxLost
+from agentrl.tools.calls import ToolCall
 
 __all__ = [
     "SANDBOX_LOST",
@@ -201,8 +202,6 @@ def action_text(env: ToolEnv, action: Any) -> str:
     """An action as the raw text a model would write (in the env's tool-call format)."""
     if isinstance(action, str):
         return action
-    from agentrl.tools.calls import ToolCall
-
     calls = [c if isinstance(c, ToolCall) else ToolCall(c["name"], dict(c.get("arguments") or {}))
              for c in action.get("tool_calls") or ()]
     return env.format.render(str(action.get("content") or ""), calls)

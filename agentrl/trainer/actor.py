@@ -36,6 +36,7 @@ from agentrl.algorithms import (
     total_loss,
     value_loss,
 )
+from agentrl.engine.weight_group import WeightGroup
 from agentrl.errors import ConfigError
 from agentrl.rollout.sample import Sample
 from agentrl.trainer.batch import TrainBatch, build_batch, micro_batches
@@ -469,15 +470,11 @@ class MegatronActor:
         """Global rank 0 joins a weight-broadcast group with inference servers as its rank 0 and
         hosts its rendezvous (see :class:`~agentrl.engine.weight_group.WeightGroup`);
         blocks until every server has joined. Other ranks do nothing."""
-        from agentrl.engine.weight_group import WeightGroup
-
         if global_rank() == 0:
             self.weight_group = WeightGroup(master_address, master_port, 0, world_size, group_name, backend)
 
     def weight_metadata(self) -> dict[str, list[Any]]:
         """Names, dtypes and shapes of :meth:`hf_state_dict` (a collective, like it)."""
-        from agentrl.engine.weight_group import WeightGroup
-
         return WeightGroup.metadata(self.hf_state_dict())
 
     def broadcast_weights(self) -> None:

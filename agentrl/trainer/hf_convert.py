@@ -43,6 +43,9 @@ Megatron (local spec)                          Hugging Face
 Tensor parallelism splits linear_qkv by whole groups (rows), linear_fc1 by rows of gate and of
 up separately (each rank holds [gate shard; up shard]), linear_proj and linear_fc2 by input
 columns, and embedding / output layer by (padded) vocabulary rows.
+
+Imported on first use: the attention patch, only when a Hugging Face model is built for a
+comparison.
 """
 
 from __future__ import annotations

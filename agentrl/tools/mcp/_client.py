@@ -20,6 +20,7 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from agentrl._version import __version__
 from agentrl.errors import McpServerError, ToolServerError, ToolTimeoutError
 from agentrl.tools.mcp._server import McpServer
 from agentrl.tools.mcp._tool import McpTool, render_result
@@ -139,7 +140,6 @@ class McpConnection:
         mcp = _sdk()
         from mcp_types import Implementation
 
-        from agentrl._version import __version__
         from agentrl.tools.mcp._stdio import watched
 
         try:
