@@ -56,12 +56,20 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Viewer:
     """``agentrl view PATH --port 0`` in a process of its own."""
 
     def __init__(self, path: Path) -> None:
+        # stop() plays a Ctrl-C: the server gets SIGINT's default action even when this test
+        # runs as a background job (whose children inherit SIGINT ignored, so Python would
+        # install no KeyboardInterrupt for it)
         self.process = subprocess.Popen([sys.executable, "-m", "agentrl", "view", str(path), "--port", "0"],
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                        preexec_fn=_default_sigint)
         line = self.process.stdout.readline()
         found = re.search(r"at (http://127\.0\.0\.1:\d+/)", line)
         assert found, line + self.process.stderr.read()
