@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -130,8 +129,8 @@ def parse(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, Embedd
     tokens = list(sys.argv[1:] if argv is None else argv)
     embedded = None
     if tokens[:1] == ["eval"]:
-        policy = next(f for f in dataclasses.fields(EvalConfig) if f.name == "policy").default
-        embedded = apply_embedded_default(subparsers.choices["eval"], tokens[1:], policy_default=policy)
+        embedded = apply_embedded_default(subparsers.choices["eval"], tokens[1:],
+                                          policy_default=EvalConfig().policy)
     args, unknown = parser.parse_known_args(tokens)
     if unknown:
         subparsers.choices[args.command].error(unknown_flags_message(

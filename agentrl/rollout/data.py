@@ -113,8 +113,9 @@ class RolloutDataSource:
         args: The rollout config (``prompt_data``, ``input_key``, ``label_key``,
             ``metadata_key``, ``tool_key``, ``rollout_shuffle``, ``rollout_seed``,
             ``n_samples_per_prompt``, ``streaming_data``, ``shuffle_buffer_size``,
-            ``num_data_workers``, ``rollout_max_prompts``, ``env``). A namespace with some of those attributes is also
-            accepted (plug-in code written for slime): the others take the config's defaults.
+            ``num_data_workers``, ``rollout_max_prompts``, ``env``). A namespace with some of
+            those attributes is also accepted (plug-in code written for slime): the others take
+            the config's defaults.
             ``num_data_workers`` matters only when streaming: in memory, rows are parsed once
             at start-up.
         envs: The run's env factory (default: one made from ``args.env``).
