@@ -76,7 +76,9 @@ def summarize(groups: Sequence[Sequence[Sample]]) -> dict[str, Any]:
         episode; ``total`` from reset to the end, the rest inside it); and ``usage``, only
         when some sample has ``metadata["usage"]`` (episodes a policy server played, see
         :mod:`agentrl.eval.openai_policy`): ``prompt_tokens``, ``completion_tokens`` and
-        ``total_tokens`` summed over those samples.
+        ``total_tokens`` summed over those samples; ``gateway``, only when some samples are
+        black-box agents' episodes: their sessions' ``segments``, ``rewrites`` and
+        ``dropped_replies`` summed.
     """
     samples = [s for g in groups for s in g]
     count = len(samples) or 1
@@ -108,6 +110,7 @@ def summarize(groups: Sequence[Sequence[Sample]]) -> dict[str, Any]:
         "mean_response_len": outcome["mean_response_len"],
         "tool_calls": outcome["tool_calls"],
         "tool_errors": outcome["tool_errors"],
+        **({"gateway": outcome["gateway"]} if "gateway" in outcome else {}),  # agents' sessions
         "time_per_episode_s": {
             "policy": mean(t.generate_s for t in assistant),
             "tools": mean(t.tools_s for t in assistant),

@@ -318,7 +318,7 @@ def _adopt(sample: Sample, made: Sample) -> None:
     sample.loss_mask, sample.rollout_log_probs = made.loss_mask, made.rollout_log_probs
     sample.turns, sample.weight_version = made.turns, made.weight_version
     sample.token_versions = made.token_versions
-    for key in ("segments", "segment", "gateway_calls"):
+    for key in ("segments", "segment", "gateway_calls", "gateway"):
         sample.metadata[key] = made.metadata[key]
 
 

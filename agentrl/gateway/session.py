@@ -6,21 +6,26 @@ prompt of each call and each choice the engine generated, each with the exact to
 to it. A new request is matched against them by its messages (role, text, tool calls; see
 :func:`~agentrl.gateway.protocol.message_key`) and tools:
 
-* it **extends** a generated choice (its messages start with that choice's prompt and reply, and
-  add messages after it; the usual case): the sample grows by the chat template's delta for the
-  new messages (loss mask 0) and then by the newly sampled ids (loss mask 1, with their
-  log-probs);
-* it **repeats** a call's prompt exactly (a retry, another draw): it is sampled again from that
-  prompt's tokens;
-* otherwise the agent **rewrote its history** (truncated or summarized it, changed the system
-  prompt or the tools): a new *segment* starts from the request rendered afresh, and the session
-  records why (``history rewritten at messages[3]``, ``tools changed``, ...).
+* it **extends** a choice of a segment's latest call (its messages start with that choice's
+  prompt and reply, unchanged, and add messages after it; the usual case): the sample grows by
+  the chat template's delta for the new messages (loss mask 0) and then by the newly sampled ids
+  (loss mask 1, with their log-probs);
+* it **repeats** the prompt of a segment's latest call exactly (a retry, another draw): it is
+  sampled again from that prompt's tokens;
+* otherwise the agent **rewrote its history** (truncated or summarized it, edited, removed or
+  inserted a message anywhere, changed the system prompt or the tools): a new *segment* starts
+  from the request rendered afresh, and the session records why (``history rewritten at
+  messages[3]``, ``tools changed``, ...). This holds wherever the change is: a request that
+  keeps reply 1 but changes anything after it does not extend reply 1, since that would turn the
+  agent's copy of reply 2 into untrained template text and lose reply 2's sampled tokens.
 
 Each segment ends in one sequence of tokens: the choice generated last in it (choice 0 of a
 call that asked for several). :meth:`Session.samples` gives the segments as samples; which of
 them to train on is the caller's choice (``--gateway-segments``: ``last``, the segment that
 ended the episode, or ``all``). Every trained token is a token the engine sampled, with the
-log-probability it was sampled with.
+log-probability it was sampled with. Every reply the engine generated is either in a trained
+sample or counted as dropped (:meth:`Session.stats`: a reply of a segment not trained under
+``last``, a choice other than the one continued, a draw that a retry replaced).
 
 Requests of one session are served one at a time (in arrival order), so that each sees the
 states of those before it.
@@ -126,6 +131,7 @@ class _State:
     is_prompt: bool
     text: str | None = None  # completions: the text so far
     reply: str = ""  # a choice: the text it returned to the client
+    replies: tuple[tuple[int, int], ...] = ()  # (call, choice) of every reply sampled into `sample`
 
 
 def _copy(sample: Sample) -> Sample:
@@ -173,6 +179,8 @@ class Session:
         self.stopped = False
         """The rollout stopped the session (it had enough samples): the episode is unfinished."""
         self._states: list[_State] = []
+        self._tips: dict[int, tuple[_State, list[_State]]] = {}
+        """Per segment, its latest call's prompt and choices: the only states a request continues."""
         self._requests = 0
         self._how = "start"
         self._lock = asyncio.Lock()
@@ -238,12 +246,15 @@ class Session:
             started = time.perf_counter()
             outs = await self._choices(prompt, request, mark)
             record.latency_s = time.perf_counter() - started
-            results = []
-            for trajectory in outs:
+            results, choices = [], []
+            for i, trajectory in enumerate(outs):
                 result, state = make_choice(prompt, trajectory)
+                state.replies = (*prompt.replies, (record.index, i))
                 results.append(result)
+                choices.append(state)
                 self._add_choice(record, state, trajectory)
-            self.segments[prompt.segment].final = self._states[-len(outs)]
+            self.segments[prompt.segment].final = choices[0]
+            self._tips[prompt.segment] = (prompt, choices)
             return results, len(prompt.sample.tokens)
 
     async def close(self) -> None:
@@ -265,12 +276,10 @@ class Session:
         Returns:
             The samples (none when the agent made no call); each has ``metadata["segments"]``
             (every segment: reason, calls, tokens, whether it is trained on) and
-            ``metadata["segment"]`` (its own index).
+            ``metadata["segment"]`` (its own index); the last one (the episode's own sample)
+            also has ``metadata["gateway"]``, the session's :meth:`stats` under ``mode``.
         """
-        if mode not in SEGMENT_MODES:
-            raise ValueError(f"--gateway-segments must be one of {SEGMENT_MODES}, got {mode!r}")
-        done = [s for s in self.segments if s.final is not None]
-        chosen = done[-1:] if mode == "last" else done
+        chosen = self._chosen(mode)
         infos = [s.info(s in chosen) for s in self.segments]
         out = []
         for segment in chosen:
@@ -282,7 +291,32 @@ class Session:
                 metadata={**copy.deepcopy(base.metadata), "segments": infos,
                           "segment": segment.index, "gateway_calls": len(self.calls)})
             out.append(sample)
+        if out:
+            out[-1].metadata["gateway"] = self.stats(mode)
         return out
+
+    def stats(self, mode: str = "last") -> dict[str, int]:
+        """What the session kept and lost when its samples are taken under ``mode``.
+
+        Returns:
+            ``calls``; ``segments``; ``rewrites`` (segments started because the agent changed
+            its history, tools or prompt, rather than by its first call); ``replies`` (choices
+            the engine generated); ``dropped_replies`` (replies in no trained sample: the
+            segments ``last`` leaves out, choices other than the one the agent continued, draws
+            a retry replaced).
+        """
+        trained = {reply for segment in self._chosen(mode) if segment.final is not None
+                   for reply in segment.final.replies}
+        replies = sum(len(call.choices) for call in self.calls)
+        return {"calls": len(self.calls), "segments": len(self.segments),
+                "rewrites": sum(1 for s in self.segments if s.index > 0),
+                "replies": replies, "dropped_replies": replies - len(trained)}
+
+    def _chosen(self, mode: str) -> list[Segment]:
+        if mode not in SEGMENT_MODES:
+            raise ValueError(f"--gateway-segments must be one of {SEGMENT_MODES}, got {mode!r}")
+        done = [s for s in self.segments if s.final is not None]
+        return done[-1:] if mode == "last" else done
 
     @property
     def last_assistant_text(self) -> str:
@@ -362,7 +396,8 @@ class Session:
             if not fits:
                 raise self._too_long(len(sample.tokens) + 1)
             self._how = "extends"
-            state = _State(parent.segment, keys, messages, tools_key, sample, is_prompt=True)
+            state = _State(parent.segment, keys, messages, tools_key, sample, is_prompt=True,
+                           replies=parent.replies)
         else:
             ids = self.renderer.prompt_ids(messages, tools)
             if len(ids) >= self.max_context_len:
@@ -376,7 +411,7 @@ class Session:
     def _completion_state(self, prompt: str | tuple[int, ...]) -> _State:
         renderer = self.renderer
         parent = None
-        for state in reversed(self._states):
+        for state in self._tip_states():
             if state.is_prompt or state.keys:
                 continue
             if isinstance(prompt, str) and state.text is not None and prompt.startswith(state.text):
@@ -391,23 +426,34 @@ class Session:
                 Trajectory(sample, renderer, self.max_context_len).append_env_ids(rest)
             self._how = "extends"
             segment = parent.segment
+            replies = parent.replies
         else:
             ids = renderer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             sample = Sample(group_id=self.key, tokens=ids)
-            reason = "start" if not self.segments else "prompt does not extend a completion"
+            reason = "start" if not self.segments else "prompt does not extend the latest completion"
             segment = self._new_segment(reason)
+            replies = ()
         if len(sample.tokens) >= self.max_context_len:
             raise self._too_long(len(sample.tokens))
         state = _State(segment, [], [], "", sample, is_prompt=True,
-                       text=prompt if isinstance(prompt, str) else None)
+                       text=prompt if isinstance(prompt, str) else None, replies=replies)
         self._states.append(state)
         return state
 
+    def _tip_states(self) -> list[_State]:
+        """The states a request may continue, most recent first: each segment's latest prompt
+        and the choices generated from it. Continuing an older state would fork its segment and
+        leave the replies after it in no sample."""
+        tips = [state for prompt, choices in self._tips.values() for state in (prompt, *choices)]
+        order = {id(state): i for i, state in enumerate(self._states)}
+        return sorted(tips, key=lambda state: order.get(id(state), -1), reverse=True)
+
     def _match(self, keys: list[tuple[Any, ...]], tools_key: str) -> _State | None:
-        """The longest state the request continues: a choice whose conversation is a strict
-        prefix of ``keys``, or a prompt equal to it; the most recent on a tie."""
+        """The longest state the request continues, among each segment's latest prompt and
+        choices: a choice whose conversation is a strict prefix of ``keys``, or a prompt equal to
+        it; the most recent on a tie."""
         best: _State | None = None
-        for state in reversed(self._states):
+        for state in self._tip_states():
             if state.tools_key != tools_key or not state.keys:
                 continue
             n = len(state.keys)

@@ -11,7 +11,11 @@ from typing import Any
 from agentrl.env.rewards import SUCCESS_REWARD
 from agentrl.rollout.sample import Sample, Status
 
-__all__ = ["outcome_metrics", "succeeded"]
+__all__ = ["GATEWAY_FIGURES", "outcome_metrics", "succeeded"]
+
+GATEWAY_FIGURES = ("segments", "rewrites", "dropped_replies")
+"""What a black-box agent's session reports: segments started, of them by a rewritten history,
+and replies the engine generated that are in no trained sample."""
 
 
 def succeeded(sample: Sample) -> bool:
@@ -28,13 +32,19 @@ def outcome_metrics(samples: Sequence[Sample]) -> dict[str, Any]:
         ``n_samples``; ``success_rate`` (:func:`succeeded`); ``mean_reward``; ``statuses``
         (status -> count); ``mean_turns``; ``mean_response_len`` (tokens); ``tool_calls``
         (calls the assistant turns made); ``tool_errors`` (kind -> count). Means of no samples
-        are 0.
+        are 0. When some samples are black-box agents' episodes, also ``gateway``: their
+        sessions' ``segments``, ``rewrites`` and ``dropped_replies`` summed (see
+        :meth:`agentrl.gateway.Session.stats`).
     """
     count = len(samples) or 1
     tool_errors: collections.Counter[str] = collections.Counter()
     for sample in samples:
         tool_errors.update(sample.metadata.get("tool_errors", {}))
+    sessions = [s.metadata["gateway"] for s in samples if "gateway" in s.metadata]
+    gateway = ({key: sum(stats[key] for stats in sessions) for key in GATEWAY_FIGURES}
+               if sessions else None)
     return {
+        **({"gateway": gateway} if gateway is not None else {}),
         "n_samples": len(samples),
         "success_rate": sum(succeeded(s) for s in samples) / count,
         "mean_reward": sum(s.reward or 0.0 for s in samples) / count,

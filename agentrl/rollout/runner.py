@@ -429,6 +429,8 @@ def batch_metrics(groups: list[list[Sample]], counts: collections.Counter[str], 
     out["rollout/tool_errors"] = sum(outcome["tool_errors"].values())
     for kind, count in outcome["tool_errors"].items():
         out[f"rollout/tool_errors/{kind}"] = count
+    for key, value in outcome.get("gateway", {}).items():  # black-box agents' sessions
+        out[f"rollout/gateway/{key}"] = value
     generated = sum(sum(s.loss_mask) for s in samples)
     out["rollout/generated_tokens"] = generated
     out["rollout/tokens_per_s"] = generated / wall_s if wall_s > 0 else 0.0

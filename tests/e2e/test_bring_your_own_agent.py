@@ -66,6 +66,14 @@ def test_train_py_trains_on_the_example_agents_episodes(name, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert metrics["rollout/samples"] == 4 and metrics["rollout/failed"] == 0
+    # the agents' sessions: a segment per episode, and one more per rewrite (mini-swe-agent drops
+    # a reply cut at the token limit from its history, then asks again: a rewrite)
+    segments, rewrites = metrics["rollout/gateway/segments"], metrics["rollout/gateway/rewrites"]
+    assert segments == 4 + rewrites
+    dropped = metrics["rollout/gateway/dropped_replies"]
+    # "all" trains every segment (one draw per call here: nothing dropped); "last" leaves out at
+    # least the reply of each earlier segment
+    assert dropped == 0 if name == "openai-sdk" else dropped >= rewrites
     assert metrics["train/loss"] != 0 and metrics["train/grad_norm"] > 0
     trajectories = (tmp_path / "run" / "trajectories" / "rollout_00000.jsonl").read_text().splitlines()
     sample = json.loads(trajectories[0])

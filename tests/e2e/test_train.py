@@ -52,6 +52,18 @@ def test_bad_flags_name_the_flag(tmp_path):
     assert bad.returncode == 2 and "--load" in bad.stderr and "no checkpoint there" in bad.stderr
 
 
+def test_a_custom_reward_that_raises_stops_the_run_with_its_error(tmp_path):
+    rm = tmp_path / "rm.py"
+    rm.write_text("def rm(args, sample):\n    raise ValueError('the judge is down')\n")
+    done = train(*TINY_RUN, "--num-rollout", "2", "--no-progress", "--custom-rm-path", str(rm),
+                 "--output-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert done.returncode != 0
+    assert "the judge is down" in done.stderr and "rm.py" in done.stderr, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").is_file() or not (
+        tmp_path / "run" / "metrics.jsonl").read_text().strip()  # no rollout was trained on
+
+
 def test_sft_warm_start_then_rl_from_its_export(tmp_path):
     sft = train("--env", "calc", "--loss-type", "sft_loss", "--num-rollout", "2",
                 "--rollout-batch-size", "4", "--lr", "1e-3", "--save-hf", str(tmp_path / "hf"),

@@ -100,7 +100,10 @@ def test_openai_clients_solve_calc_through_the_gateway(agent):
         assert sample.status is Status.COMPLETED and sample.metadata["finish"] == "agent"
         assert sample.metadata["gateway_calls"] == 2 and sum(sample.loss_mask) > 0
         assert [s["reason"] for s in sample.metadata["segments"]] == ["start"]
+        assert sample.metadata["gateway"] == {"calls": 2, "segments": 1, "rewrites": 0,
+                                              "replies": 2, "dropped_replies": 0}
         assert "Answer: " in sample.metadata["messages"][-1]["content"]
+    assert metrics["gateway"] == {"segments": len(samples), "rewrites": 0, "dropped_replies": 0}
 
 
 def test_mini_swe_agent_solves_swe_tools_in_the_episode_sandbox(monkeypatch, tmp_path):

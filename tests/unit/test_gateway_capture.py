@@ -1,9 +1,12 @@
 """Gateway sessions capture agents' calls token for token (agentrl.gateway.session).
 
 The property: random agents (that extend their conversation, retry a call, or rewrite their
-history) across three chat templates and the real Qwen2.5 vocabulary; in every sample a session
-gives, each trained token is a token the engine sampled, with the log-probability it was
-sampled with, and each generated turn is preceded by exactly the ids the engine was given.
+history anywhere: a message edited, removed or inserted, a reply's whitespace stripped, an older
+tool output cut, the history summarized, the system prompt changed) across three chat templates
+and the real Qwen2.5 vocabulary; in every sample a session gives, each trained token is a token
+the engine sampled, with the log-probability it was sampled with, each generated turn is
+preceded by exactly the ids the engine was given, and every reply the engine produced is either
+in a trained sample or counted as dropped.
 """
 
 from __future__ import annotations
@@ -83,8 +86,44 @@ def _reply_for(message: dict, rng: random.Random) -> list[dict]:
     return [{"role": "user", "content": rng.choice(["go on", "and then?", "ok — more"])}]
 
 
-ACTIONS = st.lists(st.sampled_from(["extend", "extend", "extend", "retry", "truncate",
-                                    "new_system"]), min_size=1, max_size=7)
+ACTIONS = st.lists(st.sampled_from(["extend", "extend", "extend", "retry", "truncate", "new_system",
+                                    "edit", "remove", "insert", "strip", "cut_tool"]),
+                   min_size=1, max_size=8)
+
+
+def _rewritten(messages: list[dict], action: str, rng: random.Random) -> list[dict]:
+    """``messages`` changed by ``action`` at a random position after the first message."""
+    messages = json.loads(json.dumps(messages))
+    at = rng.randrange(1, len(messages))
+    if action == "edit":
+        messages[at]["content"] = f"{messages[at].get('content') or ''} (edited)"
+    elif action == "remove" and len(messages) > 2:
+        del messages[at]
+    elif action == "insert":
+        messages.insert(at, {"role": "user", "content": "An aside."})
+    elif action == "strip":
+        for message in messages[at:]:
+            if message["role"] == "assistant":
+                message["content"] = f"  {message.get('content') or ''}  ".strip() + " "
+                break
+    elif action == "cut_tool":
+        for message in messages[at:]:
+            if message["role"] == "tool":
+                message["content"] = message["content"][:3]
+                break
+    return messages
+
+
+def _replies(samples: list[Sample]) -> set[tuple[tuple[int, ...], tuple[float, ...]]]:
+    """The (ids, log-probs) of every assistant turn trained in ``samples``."""
+    out = set()
+    for sample in samples:
+        response = sample.tokens[sample.prompt_length:]
+        for turn in sample.turns:
+            if turn.role == "assistant":
+                out.add((tuple(response[turn.start:turn.end]),
+                         tuple(sample.rollout_log_probs[turn.start:turn.end])))
+    return out
 
 
 @settings(max_examples=25, deadline=None,
@@ -114,9 +153,12 @@ def test_every_trained_token_is_a_sampled_token_with_its_logprob(renderer, actio
             elif action == "truncate" and len(messages) > 3:
                 messages = [*messages[:2], {"role": "user", "content": "Summary: done so far."}]
                 rewrites += 1
-            else:
+            elif action == "new_system":
                 messages = [{"role": "system", "content": f"Another system prompt {rng.random()}"},
                             *messages[1:]]
+                rewrites += 1
+            else:
+                messages = _rewritten(messages, action, rng)
                 rewrites += 1
             choices, _ = await session.chat(_request(messages, n=n))
         return rewrites
@@ -124,6 +166,15 @@ def test_every_trained_token_is_a_sampled_token_with_its_logprob(renderer, actio
     rewrites = asyncio.run(play())
     samples = session.samples(Sample(group_id=3, index=1), "all")
     assert len(session.segments) <= rewrites + 1
+    # every reply the engine produced is trained or counted as dropped, in both modes
+    produced = {(tuple(ids), tuple(lps)) for ids, lps in engine.outputs}
+    for mode in ("all", "last"):
+        kept = _replies(session.samples(Sample(group_id=3), mode))
+        stats = session.stats(mode)
+        assert stats["replies"] == len(engine.outputs) == len(produced)
+        assert stats["dropped_replies"] == len(produced - kept)
+        assert stats["segments"] == len(session.segments) and stats["rewrites"] == len(session.segments) - 1
+    assert samples[-1].metadata["gateway"] == session.stats("all")
     outputs = {(tuple(ids), tuple(lps)) for ids, lps in engine.outputs}
     for sample in samples:
         sample.check()
@@ -169,6 +220,32 @@ def test_extending_calls_grow_one_sample_and_rewrites_say_why(renderer):
         "start", "history rewritten at messages[0] (system message changed)", "tools changed"]
     first = session.segments[0].final.sample
     assert sum(t.role == "assistant" for t in first.turns) == 2  # the retry replaced the 2nd turn
+
+
+def test_a_change_after_a_kept_reply_starts_a_segment_and_keeps_the_later_reply(renderer):
+    engine = RandomTurns(renderer, 3)
+    session = Session("k", engine, renderer, SamplingParams(max_new_tokens=200), 6000, rid="w")
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+
+    async def play():
+        nonlocal messages
+        for _ in range(2):  # reply 1 and reply 2, each answered by the user
+            choices, _ = await session.chat(_request(messages))
+            messages = [*messages, choices[0].message, {"role": "user", "content": "long output " * 5}]
+        # the agent cuts the message after reply 1 and asks again: reply 1 is kept, reply 2 is not
+        # an unchanged continuation of it any more
+        cut = [*messages[:3], {"role": "user", "content": "long"}, *messages[4:]]
+        await session.chat(_request(cut))
+
+    asyncio.run(play())
+    assert [c.how for c in session.calls] == ["start", "extends", "start"]
+    assert session.segments[1].reason == "history rewritten at messages[3] (user message changed)"
+    reply2 = (tuple(engine.outputs[1][0]), tuple(engine.outputs[1][1]))
+    assert reply2 in _replies(session.samples(Sample(group_id=0), "all"))
+    assert reply2 not in _replies(session.samples(Sample(group_id=0), "last"))
+    assert session.stats("all") == {"calls": 3, "segments": 2, "rewrites": 1, "replies": 3,
+                                    "dropped_replies": 0}
+    assert session.stats("last")["dropped_replies"] == 2  # replies 1 and 2: the first segment's
 
 
 def test_a_prompt_longer_than_the_context_is_refused_and_changes_nothing(renderer):

@@ -204,6 +204,10 @@ def test_an_episode_view_holds_the_samples_tokens_mask_and_records():
     assert view["commands"][0]["command"] == "echo 42"
     assert view["cut_messages"] == [{"message": 2, "original_chars": 40, "shown_chars": 30}]
     assert view["header"]["status"] == "completed" and view["header"]["weight_version"] == "4"
+    assert view["header"]["gateway"] is None  # not an agent's episode
+    sample.metadata["gateway"] = {"calls": 3, "segments": 2, "rewrites": 1, "replies": 3,
+                                  "dropped_replies": 2}
+    assert episode_view(sample.to_dict(), policy_dir=None)["header"]["gateway"]["dropped_replies"] == 2
 
 
 def test_tokens_are_decoded_one_by_one_with_the_policys_tokenizer():

@@ -115,6 +115,7 @@ const CHARTS = [
   ["Clip fraction", (k) => /^train\/.*clip.*fraction$/.test(k)],
   ["Grad norm", (k) => k === "train/grad_norm"],
   ["Tokens per second", (k) => /tokens_per_s$/.test(k)],
+  ["Agent sessions (gateway)", (k) => /^rollout\/gateway\//.test(k)],
 ];
 const STAGES = ["rollout", "train", "weight_sync", "eval", "save"];
 
@@ -372,6 +373,7 @@ async function episodePage(where) {
       fact("seconds", hd.episode_s ? fmt(hd.episode_s) : "–"),
       fact("tool errors", Object.entries(hd.tool_errors || {}).map(([k, v]) => `${k}×${v}`).join(" ") || "none"),
       hd.restarted ? fact("restarted", String(hd.restarted)) : null,
+      hd.gateway ? fact("gateway", `${hd.gateway.segments} segment(s), ${hd.gateway.rewrites} rewrite(s), ${hd.gateway.dropped_replies} of ${hd.gateway.replies} replies dropped`) : null,
       h("span", {class: "muted"}, `${e.where.file} line ${e.where.line}`)));
   if (hd.error) main.append(h("div", {class: "error"}, hd.error, hd.traceback ? h("pre", {}, hd.traceback) : null));
   const columns = h("div", {class: "columns"});
