@@ -11,6 +11,7 @@ from agentrl.config import add_arguments, flag, from_namespace, option, unknown_
 from agentrl.errors import ConfigError, PluginError
 from agentrl.models.defaults import EmbeddedDefault, apply_embedded_default
 from agentrl.orchestration.cluster import ClusterConfig
+from agentrl.orchestration.run_folder import choose_run_folder
 from agentrl.orchestration.sinks import WANDB_MODES, require_wandb
 from agentrl.orchestration.validation import check_files, validate_together
 from agentrl.rollout.config import RolloutConfig, collect_server_args
@@ -41,9 +42,11 @@ class RunConfig:
                               "servers: NCCL from the trainer's rank 0; gloo on CPU)",
                               choices=("auto", "tensor", "disk", "broadcast"))
     eval_interval: int | None = option(None, "evaluate every N rollouts (and before the first)")
-    output_dir: str = option("runs/latest", "where metrics, trajectories and checkpoints go; a "
-                             "folder an earlier run wrote metrics to is refused unless --load "
-                             "continues that run")
+    output_dir: str | None = option(None, "where metrics, trajectories and checkpoints go; "
+                                    "default: a new folder runs/<date>-<time> (runs/latest "
+                                    "points at the newest), or with --load of a run's folder, "
+                                    "that folder; a folder an earlier run wrote metrics to is "
+                                    "refused unless --load continues that run")
     save_trajectories: bool = option(True, "write each rollout's samples as JSONL")
     max_failed_fraction: float | None = option(
         None, "stop the run when more than this share of a rollout's samples failed (an env, a "
@@ -101,6 +104,9 @@ class Args:
     embedded: EmbeddedDefault | None = None
     """The embedded default the run plays (no ``--hf-checkpoint``; see
     :mod:`agentrl.models.defaults`), or ``None``."""
+    fresh_output_dir: bool = False
+    """The run's folder is a new dated one under ``runs/`` (no ``--output-dir``): ``runs/latest``
+    is pointed at it when the run starts (:mod:`agentrl.orchestration.run_folder`)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,8 +139,19 @@ def parse_args(argv: Sequence[str] | None = None) -> Args:
                     run=from_namespace(RunConfig, namespace),
                     cluster=from_namespace(ClusterConfig, namespace), namespace=namespace,
                     embedded=embedded)
+        args = _with_run_folder(args)
         args = validate_together(args)
         check_files(args)
     except (ConfigError, PluginError) as exc:
         parser.error(str(exc))
     return args
+
+
+def _with_run_folder(args: Args) -> Args:
+    """``args`` with the run's folder chosen (``--output-dir``, and ``--load`` of a run's folder
+    read as its checkpoints), also in the namespace plug-ins see."""
+    folder = choose_run_folder(args.run.output_dir, args.trainer.load)
+    args.namespace.output_dir, args.namespace.load = folder.path, folder.load
+    return dataclasses.replace(args, run=dataclasses.replace(args.run, output_dir=folder.path),
+                               trainer=dataclasses.replace(args.trainer, load=folder.load),
+                               fresh_output_dir=folder.fresh)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.orchestration.progress import RunProgress
+from agentrl.orchestration.run_folder import point_latest
 from agentrl.orchestration.sinks import MetricsSink, TensorBoardSink, WandbSink, scalars
 from agentrl.rollout.sample import Sample
 
@@ -99,11 +100,17 @@ class RunLog:
         samples = rollout.rollout_batch_size * rollout.n_samples_per_prompt
         progress = RunProgress(run.num_rollout, samples, trainer.num_steps_per_rollout or 1,
                                enabled=run.progress)
-        return cls(run.output_dir, dead_run_rollouts=run.dead_run_rollouts,
-                   use_tensorboard=run.use_tensorboard, use_wandb=run.use_wandb,
-                   wandb_project=run.wandb_project, wandb_mode=run.wandb_mode,
-                   wandb_run_name=run.wandb_run_name, wandb_config=vars(args.namespace),
-                   progress=progress)
+        assert run.output_dir is not None  # chosen by parse_args
+        log = cls(run.output_dir, dead_run_rollouts=run.dead_run_rollouts,
+                  use_tensorboard=run.use_tensorboard, use_wandb=run.use_wandb,
+                  wandb_project=run.wandb_project, wandb_mode=run.wandb_mode,
+                  wandb_run_name=run.wandb_run_name, wandb_config=vars(args.namespace),
+                  progress=progress)
+        if args.fresh_output_dir:  # a new dated folder: runs/latest names it from now on
+            note = point_latest(run.output_dir)
+            if note is not None:
+                print(f"note: {note}", file=sys.stderr)
+        return log
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:

@@ -22,6 +22,7 @@ from agentrl.gateway.agents import FunctionAgent
 from agentrl.models.hf_config import EMBEDDED_MODEL_TYPES, check_safetensors_headers, read_config
 from agentrl.models.tiny import TINY_MODEL_CONFIG
 from agentrl.orchestration.checkpoints import check_resumable, latest_checkpoint
+from agentrl.orchestration.run_folder import RUN_FILES
 from agentrl.plugins import load_plugin
 from agentrl.rollout.custom import load_custom_generate
 from agentrl.trainer.config import batch_shape, resolve_off_policy_correction
@@ -38,8 +39,6 @@ GROUP_RELATIVE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
 """Estimators whose advantage is the reward minus its group's mean: a group of one sample
 always gets advantage 0."""
 
-RUN_FILES = ("metrics.jsonl", "eval.jsonl")
-"""The files a run appends to in ``--output-dir``."""
 
 
 def validate_together(args: Args) -> Args:
@@ -288,9 +287,10 @@ def _check_output_dir(args: Args) -> None:
     output_dir = Path(args.run.output_dir)
     written = [name for name in RUN_FILES if (output_dir / name).is_file()]
     if written:
-        default = output_dir / "checkpoints"
-        checkpoints = default if default.is_dir() or not args.trainer.save else args.trainer.save
+        own = (output_dir / "checkpoints").is_dir() or not args.trainer.save
+        resume = output_dir if own else args.trainer.save  # --load of a run's folder: its checkpoints
         raise ConfigError(
             f"--output-dir {output_dir}: an earlier run wrote {', '.join(written)} there, and "
-            f"this one would append to it. Pass --load {checkpoints} to continue that run, or "
-            "choose another --output-dir")
+            f"this one would append to it. Pass --load {resume} to continue that run, choose "
+            "another --output-dir, or leave it out (each run then gets a folder of its own "
+            "under runs/)")

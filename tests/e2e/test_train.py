@@ -64,6 +64,23 @@ def test_a_custom_reward_that_raises_stops_the_run_with_its_error(tmp_path):
         tmp_path / "run" / "metrics.jsonl").read_text().strip()  # no rollout was trained on
 
 
+def test_the_same_command_twice_runs_twice_and_load_of_a_run_folder_continues_it(tmp_path):
+    command = [*TINY_RUN, "--num-rollout", "1", "--no-use-ray", "--no-progress"]
+    for _ in range(2):  # no --output-dir: each run gets a folder of its own
+        done = train(*command, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+    runs = sorted(p for p in (tmp_path / "runs").iterdir() if not p.is_symlink())
+    assert len(runs) == 2 and all((r / "metrics.jsonl").is_file() for r in runs)
+    assert (tmp_path / "runs" / "latest").resolve() == runs[1].resolve()
+    assert f"agentrl view runs/{runs[1].name}" in done.stdout
+    more = train(*TINY_RUN, "--num-rollout", "2", "--no-use-ray", "--no-progress", "--load",
+                 f"runs/{runs[0].name}", cwd=tmp_path)
+    assert more.returncode == 0, more.stderr[-3000:]
+    lines = (runs[0] / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["rollout_id"] for line in lines] == [0, 1]  # continued in place
+    assert len([p for p in (tmp_path / "runs").iterdir() if not p.is_symlink()]) == 2
+
+
 def test_sft_warm_start_then_rl_from_its_export(tmp_path):
     sft = train("--env", "calc", "--loss-type", "sft_loss", "--num-rollout", "2",
                 "--rollout-batch-size", "4", "--lr", "1e-3", "--save-hf", str(tmp_path / "hf"),

@@ -24,7 +24,7 @@ EVAL = {"step": 2, "sets": {"calc": {"n_prompts": 3, "n_samples": 6, "mean_rewar
 
 @pytest.fixture(autouse=True)
 def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # parse_args refuses a default --output-dir (runs/latest) an earlier run wrote to
+    # the default --output-dir (a new folder under runs/) is relative: keep it in this test's folder
     monkeypatch.chdir(tmp_path)
 
 

@@ -12,7 +12,7 @@ from agentrl.rollout.config import RolloutConfig, collect_server_args
 
 @pytest.fixture(autouse=True)
 def _fresh_cwd(tmp_path, monkeypatch):
-    # parse_args refuses an --output-dir (default runs/latest) that already holds a run
+    # the default --output-dir (a new folder under runs/) is relative: keep it in this test's folder
     monkeypatch.chdir(tmp_path)
 
 

@@ -5,12 +5,15 @@ config once the flags are parsed."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import os
 from pathlib import Path
 
 import pytest
 
 from agentrl.orchestration.checkpoints import checkpoint_folder, mark_latest
 from agentrl.orchestration.flags import Args, parse_args
+from agentrl.orchestration.run_folder import choose_run_folder, point_latest
 from agentrl.trainer.config import TrainerConfig, batch_shape
 
 ENV = ["--env", "calc"]  # 4 prompts x 4 samples = 16 samples per rollout by default
@@ -18,7 +21,7 @@ ENV = ["--env", "calc"]  # 4 prompts x 4 samples = 16 samples per rollout by def
 
 @pytest.fixture(autouse=True)
 def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # the default --output-dir (runs/latest) is relative: keep it inside this test's folder
+    # the default --output-dir (a new folder under runs/) is relative: keep it in this test's folder
     monkeypatch.chdir(tmp_path)
 
 
@@ -207,7 +210,7 @@ def test_a_second_run_into_an_output_dir_is_refused(tmp_path: Path,
     (out / "metrics.jsonl").write_text('{"rollout_id": 0}\n')
     err = refused([*ENV, "--output-dir", str(out)], capsys)
     assert f"--output-dir {out}: an earlier run wrote metrics.jsonl there" in err
-    assert "Pass --load" in err and "or choose another --output-dir" in err
+    assert f"Pass --load {out} to continue that run" in err and "choose another --output-dir" in err
 
 
 def test_a_continuation_may_append_to_its_output_dir(tmp_path: Path) -> None:
@@ -216,6 +219,42 @@ def test_a_continuation_may_append_to_its_output_dir(tmp_path: Path) -> None:
     (out / "metrics.jsonl").write_text('{"rollout_id": 0}\n')
     args: Args = parse_args([*ENV, "--output-dir", str(out), "--load", str(out / "checkpoints")])
     assert args.trainer.load == str(out / "checkpoints")
+
+
+def test_each_run_without_an_output_dir_gets_a_folder_of_its_own(tmp_path: Path) -> None:
+    args = parse_args(ENV)
+    assert args.fresh_output_dir and Path(args.run.output_dir).parent == Path("runs")
+    assert args.namespace.output_dir == args.run.output_dir  # what plug-ins see
+    now = datetime.datetime(2026, 12, 4, 10, 15, 0)
+    names = []
+    for _ in range(3):  # the same command three times in one second: the next free name
+        folder = choose_run_folder(None, None, now=now)
+        Path(folder.path).mkdir(parents=True)  # as the run's log makes it
+        names.append(folder.path)
+    assert names == ["runs/20261204-101500", "runs/20261204-101500-2", "runs/20261204-101500-3"]
+
+
+def test_load_of_a_run_folder_continues_it_in_place(tmp_path: Path) -> None:
+    out = tmp_path / "runs" / "20261204-101500"
+    sealed_checkpoint(out / "checkpoints")
+    (out / "metrics.jsonl").write_text('{"rollout_id": 0}\n')
+    for load in (out, out / "checkpoints"):
+        args: Args = parse_args([*ENV, "--load", str(load)])
+        assert (args.run.output_dir, args.trainer.load) == (str(out), str(out / "checkpoints"))
+        assert not args.fresh_output_dir
+
+
+def test_runs_latest_points_at_the_newest_fresh_run(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    for name in ("20261204-101500", "20261204-101501"):
+        (runs / name).mkdir(parents=True)
+        assert point_latest(runs / name) is None
+        assert (runs / "latest").resolve() == (runs / name).resolve()
+    assert os.readlink(runs / "latest") == "20261204-101501"  # relative: the folder can move
+    (runs / "latest").unlink()
+    (runs / "latest").mkdir()  # an older agentrl's default folder: never replaced
+    assert "left as it is" in point_latest(runs / "20261204-101501")
+    assert (runs / "latest").is_dir() and not (runs / "latest").is_symlink()
 
 
 def test_an_hf_checkpoint_config_that_is_not_json_names_the_file(
