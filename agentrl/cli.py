@@ -1,4 +1,5 @@
-"""The ``agentrl`` command line: ``list-envs``, ``check-env ID``, ``eval --env ID``, ``view PATH``."""
+"""The ``agentrl`` command line: ``list-envs``, ``check-env ID``, ``eval --env ID``, ``view PATH``,
+``clean-sandboxes``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from agentrl.env import check_env, env_spec, import_env_module, list_envs
 from agentrl.errors import AgentRLError, RunInterrupted
 from agentrl.eval.command import EvalConfig, add_eval_arguments, run_eval
 from agentrl.models.defaults import EmbeddedDefault, apply_embedded_default
+from agentrl.sandbox import reap_leftovers
 from agentrl.view import Catalog, serve
 
 
@@ -82,6 +84,20 @@ def _cmd_view(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_clean_sandboxes(args: argparse.Namespace) -> int:
+    import os
+
+    if args.sandbox_root:  # where a node's sandboxes live (AGENTRL_SANDBOX_ROOT of its processes)
+        os.environ["AGENTRL_SANDBOX_ROOT"] = args.sandbox_root
+    hosts = [None, *args.docker_host] if args.docker_host else None
+    removed = reap_leftovers(docker_hosts=hosts)
+    where = args.sandbox_root or "the default sandbox root"
+    print(f"agentrl clean-sandboxes: removed {removed['workspaces']} workspace(s) and "
+          f"{removed['uids']} uid claim(s) under {where}, {removed['containers']} container(s) of "
+          "agentrl processes that no longer run; nothing of a running process was touched")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``agentrl`` command."""
     parser = argparse.ArgumentParser(prog="agentrl", description=__doc__, allow_abbrev=False)
@@ -118,6 +134,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on; loopback by default, anything else exposes the runs")
     p.set_defaults(func=_cmd_view)
+
+    p = sub.add_parser("clean-sandboxes", allow_abbrev=False,
+                       help="remove what sandboxes of dead agentrl processes left on this machine",
+                       description="Unmount and delete the workspaces, end the processes and "
+                       "release the uid claims of sandboxes whose agentrl process is gone (a run "
+                       "killed with SIGKILL, a Ray node that died), and remove their Docker "
+                       "containers. Runs and sandbox hosts do this when they start; this command "
+                       "does it now. Sandboxes of running processes are never touched.")
+    p.add_argument("--sandbox-root", default=None, metavar="DIR",
+                   help="the sandbox root to clean (default: $AGENTRL_SANDBOX_ROOT or "
+                   "<tmp>/agentrl-sandboxes)")
+    p.add_argument("--docker-host", action="append", default=[], metavar="URL",
+                   help="also clean this Docker daemon (the default one always); repeatable")
+    p.set_defaults(func=_cmd_clean_sandboxes)
     return parser
 
 

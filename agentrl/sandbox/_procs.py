@@ -67,19 +67,22 @@ def release_uid(uid: int) -> None:
         os.unlink(os.path.join(_claims_dir(), str(uid)))
 
 
-def claim_owner_alive(path: str, gone: Callable[[int], bool] | None = None) -> bool:
+def claim_owner_alive(path: str, gone: Callable[[int, float], bool] | None = None) -> bool:
     """Whether the process that claimed the uid at ``path`` still runs (unreadable: assume so).
-    ``gone(pid)`` decides instead of :func:`pid_alive` when given."""
+    ``gone(pid, since)`` decides instead of :func:`owner_alive` when given (``since``: when the
+    claim was made)."""
     try:
         with open(path) as f:
             pid = int(f.read().strip() or "0")
+        since = os.stat(path).st_mtime
     except (OSError, ValueError):
         return True
-    return not gone(pid) if gone is not None else pid_alive(pid)
+    return not gone(pid, since) if gone is not None else owner_alive(pid, since)
 
 
-def stale_claims(gone: Callable[[int], bool] | None = None) -> list[int]:
-    """Uids claimed by processes that no longer exist (or that ``gone(pid)`` says are gone)."""
+def stale_claims(gone: Callable[[int, float], bool] | None = None) -> list[int]:
+    """Uids claimed by processes that no longer run (:func:`owner_alive`, or that
+    ``gone(pid, since)`` says are gone)."""
     claims = _claims_dir()
     return [int(name) for name in os.listdir(claims)
             if name.isdigit() and not claim_owner_alive(os.path.join(claims, name), gone)]
@@ -119,6 +122,41 @@ def track_child(process: asyncio.subprocess.Process) -> None:
     _own_children.add(process.pid)
     waiter = asyncio.ensure_future(process.wait())
     waiter.add_done_callback(lambda _: _own_children.discard(process.pid))
+
+
+def owner_alive(pid: int, since: float) -> bool:
+    """Whether the process ``pid`` that made something at time ``since`` (seconds since the
+    epoch: a workspace's or a claim's time) still runs.
+
+    It does not when no process has that pid, when the process is a zombie (killed, not yet
+    waited for: a killed Ray node's workers linger so under a subreaper), or when the process
+    with that pid started after ``since``: the maker died and another process got its pid.
+    Where ``/proc`` cannot tell, a process with that pid counts as alive.
+    """
+    fields = _stat_fields(str(pid))
+    if fields is None:
+        return pid_alive(pid)  # no /proc entry to read: gone, or not Linux
+    if fields[1] == "Z":
+        return False
+    started = _start_time(pid)
+    return started is None or started <= since + START_SLACK_S
+
+
+START_SLACK_S = 2.0
+"""How far a process's start time, read in clock ticks since boot, may be after the time of
+something it made before it counts as another process."""
+
+
+def _start_time(pid: int) -> float | None:
+    """When process ``pid`` started, in seconds since the epoch (None when unknown)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+    except (OSError, IndexError, ValueError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _stat_fields(pid: str) -> tuple[str, str, str] | None:

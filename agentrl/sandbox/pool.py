@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import shutil
 import subprocess
@@ -315,10 +316,13 @@ def reap_leftovers(*, own: bool = False, docker_hosts: Iterable[str | None] | No
                    ) -> dict[str, int]:
     """Removes what sandboxes of dead agentrl processes left behind.
 
-    Local backends: workspaces named ``ws-<pid>-...`` under the sandbox root whose pid is gone
-    (unmounted, deleted) and, as root, processes still running under uids claimed by dead
-    processes (then the claims). Docker: containers labelled ``agentrl.sandbox=1`` whose
-    ``agentrl.owner_pid`` is gone (only when a daemon answers).
+    Local backends: workspaces named ``ws-<pid>-...`` under the sandbox root whose owner is
+    gone (unmounted, deleted) and, as root, processes still running under uids claimed by dead
+    processes (then the claims). An owner is gone when no process has its pid, when that
+    process is a zombie, or when it started after the workspace or claim was made (its pid was
+    reused; see ``owner_alive`` in :mod:`agentrl.sandbox._procs`). Docker: containers labelled
+    ``agentrl.sandbox=1`` whose ``agentrl.owner_pid`` is gone or a zombie (only when a daemon
+    answers). Nothing a live process owns is touched.
 
     Args:
         own: Also remove this process's own sandboxes (it is about to exit: nothing of it may
@@ -331,8 +335,8 @@ def reap_leftovers(*, own: bool = False, docker_hosts: Iterable[str | None] | No
     """
     me = os.getpid()
 
-    def gone(pid: int) -> bool:
-        return (own and pid == me) or not _procs.pid_alive(pid)
+    def gone(pid: int, since: float) -> bool:
+        return (own and pid == me) or not _procs.owner_alive(pid, since)
 
     removed = {"workspaces": 0, "uids": 0, "containers": 0}
     root = _procs.sandbox_root()
@@ -347,15 +351,20 @@ def reap_leftovers(*, own: bool = False, docker_hosts: Iterable[str | None] | No
             parts = name.split("-")
             if len(parts) < 3 or parts[0] != "ws" or not parts[1].isdigit():
                 continue
-            if not gone(int(parts[1])):
-                continue
             path = os.path.join(root, name)
+            try:
+                made = os.lstat(path).st_ctime  # no later than the owner's last change to it
+            except OSError:
+                continue
+            if not gone(int(parts[1]), made):
+                continue
             if os.path.ismount(path):
                 subprocess.run(["umount", "-l", path], capture_output=True)
             shutil.rmtree(path, ignore_errors=True)
             removed["workspaces"] += 1
     for host in docker_hosts if docker_hosts is not None else [None]:
-        removed["containers"] += _reap_containers(lambda pid: not gone(pid), host)
+        removed["containers"] += _reap_containers(
+            lambda pid: not (own and pid == me) and _procs.owner_alive(pid, math.inf), host)
     return removed
 
 

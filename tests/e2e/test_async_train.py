@@ -86,8 +86,8 @@ def test_sigkill_at_random_instants_ten_times_loses_and_repeats_no_prompt(tmp_pa
     state = json.loads((last / "pipeline.json").read_text())["ledger"]
     ledger = state["entries"]
     trained = [e for e in ledger if e["state"] == "trained"]
-    # 18 iterations of 2 groups: epoch 0 (16 rows, folded into a count by now), epoch 1 (16
-    # rows, kept row by row) and 4 groups of epoch 2
+    # 18 iterations of 2 groups: epoch 0 (16 rows, folded into a count by now: checked row by
+    # row below, from the trajectories), epoch 1 (16 rows, kept row by row) and 4 groups of epoch 2
     assert state["folded"] == {"0": ROWS} and len(trained) == ITERATIONS * 2 - ROWS
     every_row = sorted(f"{tmp_path / 'tasks.jsonl'}:{i + 1}" for i in range(ROWS))
     assert sorted(e["row"] for e in trained if e["epoch"] == 1) == every_row
@@ -100,6 +100,11 @@ def test_sigkill_at_random_instants_ten_times_loses_and_repeats_no_prompt(tmp_pa
     groups = [line["group_id"] for line in lines]
     assert len(groups) == ITERATIONS * 2 * 2 and len(set(groups)) == ITERATIONS * 2
     assert {e["group_id"] for e in trained} <= set(groups)
+    # epoch 0, folded into a count in the ledger, row by row: the groups the lineage trained that
+    # are not among the ledger's entries are its 16, one per task, none lost and none repeated
+    task_of = {line["group_id"]: line["metadata"]["task_id"] for line in lines}
+    epoch_0 = [task_of[g] for g in sorted(set(groups) - {e["group_id"] for e in ledger})]
+    assert sorted(epoch_0) == sorted(f"t{i}" for i in range(ROWS)), epoch_0
     # one metrics line per rollout: the lines of rollouts played again were moved aside
     metrics = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["rollout_id"] for line in metrics] == list(range(ITERATIONS))

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -98,6 +100,11 @@ def workspaces(node: RayNode) -> list[str]:
     return sorted(p.name for p in node.sandbox_root.glob("ws-*"))
 
 
+def mounts() -> list[str]:
+    """The mount points of this machine."""
+    return [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+
+
 def test_tool_calls_run_on_the_sandbox_node(cluster):
     sandbox_node = cluster.nodes.nodes[1]
     expected = cluster.node_id(sandbox_node)
@@ -154,8 +161,10 @@ def rollout(cluster: Cluster, *, fault_tolerance: bool, kill: RayNode, replaceme
         while not hosts.hosts or hosts.hosts[0].in_use < 3:
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.5)  # their `sleep 3` has started
-        if replacement is not None:
-            seen["replacement"] = cluster.nodes.add_node(replacement, sandboxes=3)
+        if replacement is not None:  # on the same machine: the same sandbox root
+            seen["replacement"] = cluster.nodes.add_node(replacement, sandboxes=3,
+                                                         sandbox_root=kill.sandbox_root)
+        seen["killed_workspaces"] = workspaces(kill)  # what its death leaves behind
         await asyncio.to_thread(cluster.nodes.kill, kill)
 
     async def main() -> list[Sample]:
@@ -185,6 +194,8 @@ def test_killing_the_sandbox_node_mid_rollout_fails_its_episodes_and_leaks_nothi
     assert all("died" in s.metadata["error"] and s.reward == 0.0 for s in samples)
     assert seen["pool"]["in_use"] == 0 and seen["hosts"] == [] and seen["hosts_after_close"] == 0
 
+    first_killed = seen["killed_workspaces"]
+
     # with fault tolerance: the node dies again; the episodes are played again on its replacement
     second = seen["replacement"]
     cluster.node_id(second)
@@ -198,4 +209,13 @@ def test_killing_the_sandbox_node_mid_rollout_fails_its_episodes_and_leaks_nothi
     assert all(f"done {survivor['pid']}" in s.response for s in samples)  # ran there
     assert survivor["in_use"] == survivor["handed_out"] == survivor["shells"] == 0
     assert seen["pool"] == {"in_use": 0, "waiting": 0, "warm": 0} and seen["hosts_after_close"] == 0
-    assert not workspaces(seen["replacement"])
+    # the first dead node's workspaces were reclaimed by a host that started on its machine
+    # since (they share the sandbox root); the second's are left to the cleanup command
+    root = first.sandbox_root
+    assert first_killed and not set(first_killed) & set(workspaces(first))
+    cleaned = subprocess.run([sys.executable, "-m", "agentrl", "clean-sandboxes", "--sandbox-root", str(root)],
+                             capture_output=True, text=True, timeout=120)
+    assert cleaned.returncode == 0 and "nothing of a running process was touched" in cleaned.stdout
+    assert not workspaces(first)  # nothing of either dead node remains
+    assert not [m for m in mounts() if m.startswith(str(root))]
+    assert not list((root / "uids").iterdir())

@@ -81,10 +81,28 @@ def record_uids(monkeypatch):
     ALLOCATED_UIDS.clear()
 
 
+def _descends_from(pid: str, ancestor: str) -> bool:
+    """Whether process ``pid`` is a descendant of ``ancestor`` (False once either is gone)."""
+    for _ in range(64):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = f.read().rsplit(")", 1)[1].split()[1]
+        except (OSError, IndexError):
+            return False
+        if pid == ancestor:
+            return True
+        if pid in ("0", "1"):
+            return False
+    return False
+
+
 def _snapshot() -> dict[str, set]:
     """What this process's sandboxes could leak: workspaces, mounts (tmpfs, loop), uid claims,
     processes of sandbox uids, and containers labelled with this pid. Only this process's own
-    things count, so sandboxes of other programs running at the same time do not matter."""
+    things count, so sandboxes of other programs running at the same time do not matter: a
+    process counts when it runs under a uid this test claimed and descends from this process
+    (a sandbox's orphans come back to it, a subreaper), never because another program claimed
+    the uid after this test released it. A container's processes count through its container."""
     me = str(os.getpid())
     root = sandbox_root()
     workspaces = {n for n in os.listdir(root) if n.startswith(f"ws-{me}-")} if os.path.isdir(root) else set()
@@ -99,7 +117,8 @@ def _snapshot() -> dict[str, set]:
                     claims.add(int(name))
         except OSError:
             pass
-    procs = {entry for entry in os.listdir("/proc") if entry.isdigit() and _owner(entry) in ALLOCATED_UIDS}
+    procs = {entry for entry in os.listdir("/proc")
+             if entry.isdigit() and _owner(entry) in ALLOCATED_UIDS and _descends_from(entry, me)}
     containers = set()
     if backend_skip_reason("docker") is None:
         from agentrl.sandbox.docker import get_client

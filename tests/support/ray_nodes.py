@@ -72,14 +72,17 @@ class LocalRayCluster:
         return self._start("head", ["--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
                                     f"--ray-client-server-port={free_port()}"], {})
 
-    def add_node(self, name: str, sandboxes: int) -> RayNode:
-        """A node offering ``sandboxes`` sandboxes and no CPUs for other work."""
+    def add_node(self, name: str, sandboxes: int, sandbox_root: Path | None = None) -> RayNode:
+        """A node offering ``sandboxes`` sandboxes and no CPUs for other work; its sandboxes go
+        under ``sandbox_root`` (default: a folder of its own), e.g. a dead node's, as a node
+        restarted on the same machine shares that machine's sandbox root."""
         return self._start(name, [f"--address={self.address}", "--num-cpus=0"],
-                           {"sandbox": sandboxes})
+                           {"sandbox": sandboxes}, sandbox_root)
 
-    def _start(self, name: str, args: list[str], resources: dict[str, int]) -> RayNode:
-        root = self.root / f"sandboxes-{name}"
-        root.mkdir(parents=True)
+    def _start(self, name: str, args: list[str], resources: dict[str, int],
+               sandbox_root: Path | None = None) -> RayNode:
+        root = sandbox_root or self.root / f"sandboxes-{name}"
+        root.mkdir(parents=True, exist_ok=True)
         resources = {**resources, f"test_node_{name}": 1}
         # Ray's fixed default ports and its default /tmp/ray would be shared with any other Ray
         # instance on this machine (an earlier test's, a run's): each node has its own.
