@@ -93,7 +93,9 @@ class DockerSandbox(Sandbox):
     * **Unprivileged**: commands run as ``uid:uid`` (default 65534, "nobody") with every
       capability dropped and ``no-new-privileges``. The container's own processes
       (docker-init, ``sleep``) run as another unprivileged uid, so sandboxed code cannot stop
-      the container (``kill -9 -1`` only kills its own processes).
+      the container (``kill -9 -1`` only kills its own processes). Only a caller that asks
+      for it (``exec(..., user="root")``, e.g. a grader once the sandboxed code is stopped)
+      runs a command as uid 0, still without capabilities.
     * **Resource limits** on the whole container: memory with no swap (``Limits.memory_mb``),
       ``cpus`` CPUs (``nano_cpus``), ``Limits.pids`` processes and threads; per process
       RLIMIT_CPU (``Limits.cpu_s``) and RLIMIT_FSIZE (``Limits.file_size_mb``).
@@ -312,8 +314,18 @@ class DockerSandbox(Sandbox):
         stdin: str | bytes | None = None,
         env: Mapping[str, str] | None = None,
         cwd: str = WORKSPACE,
+        user: str | None = None,
     ) -> ExecResult:
+        """See :meth:`Sandbox.exec`. ``user`` is Docker's own: ``None`` (default) runs the
+        command as the sandbox's uid; ``"root"`` runs it as uid 0, still with every capability
+        dropped and ``no-new-privileges`` (root owns nothing writable but what the host gives
+        it, e.g. a private dir), as its own ``docker exec`` (never through the runner, which
+        runs as the sandbox's uid). A timed-out root command restarts the container, since the
+        sweep (run as the sandbox's uid) cannot kill what root left running."""
         self._check()
+        if user not in (None, "root"):
+            raise SandboxError(f"user must be None (the sandbox's uid) or 'root', not {user!r}")
+        as_root = user == "root"
         timeout = self.limits.timeout_s if timeout is None else float(timeout)
         if timeout <= 0:
             raise SandboxError(f"timeout must be positive, not {timeout}")
@@ -348,7 +360,7 @@ class DockerSandbox(Sandbox):
                 restarts = self.restarts
                 result = None
                 not_started = False
-                runner = await self._get_runner()
+                runner = None if as_root else await self._get_runner()
                 if runner is not None:
                     try:
                         result = await runner.run(
@@ -364,7 +376,8 @@ class DockerSandbox(Sandbox):
                         )
                 if result is None:
                     try:
-                        result = await self._docker_exec(wrapped, environment, stdin, cwd, bound)
+                        result = await self._docker_exec(wrapped, environment, stdin, cwd, bound,
+                                                         as_root=as_root)
                     except ExecNotStarted as failed:
                         result, not_started = failed.result, True
                 code, out, err, host_timeout = result
@@ -395,7 +408,11 @@ class DockerSandbox(Sandbox):
             note = "\n[the sandbox was closed while this command ran]"
         elif orphaned:
             note = (await self._sweep())[1] + note
-        if timed_out:
+        if timed_out and as_root:
+            code = None
+            note += await self._restart_unless_done(self.restarts)
+            duration = time.perf_counter() - start
+        elif timed_out:
             code = None
             counters, swept = await self._sweep()
             note += swept
@@ -440,12 +457,13 @@ class DockerSandbox(Sandbox):
 
     async def _docker_exec(
         self, argv: list[str], environment: list[str], stdin: bytes | None, cwd: str,
-        bound: float, cap: int | None = None,
+        bound: float, cap: int | None = None, as_root: bool = False,
     ) -> RawResult:
-        """Runs one command as its own ``docker exec`` (as the sandbox uid)."""
+        """Runs one command as its own ``docker exec`` (as the sandbox uid, or root)."""
         assert self._exec_api is not None and self.container_id is not None
+        uid = 0 if as_root else self.uid
         return await self._exec_api.run(
-            self.container_id, argv, user=f"{self.uid}:{self.uid}", environment=environment,
+            self.container_id, argv, user=f"{uid}:{uid}", environment=environment,
             cwd=cwd, stdin=stdin, bound=bound,
             cap=self.limits.output_bytes if cap is None else cap,
         )

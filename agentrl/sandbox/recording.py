@@ -93,10 +93,13 @@ class RecordingSandbox(Sandbox):
 
     async def exec(self, command: str | list[str], *, timeout: float | None = None,
                    stdin: str | bytes | None = None, env: Mapping[str, str] | None = None,
-                   cwd: str = WORKSPACE) -> ExecResult:
+                   cwd: str = WORKSPACE, **options: Any) -> ExecResult:
+        """Runs and logs one command; ``options`` are the backend's own (DockerSandbox's
+        ``user``), passed on, and logged."""
         started = time.perf_counter()
-        result = await self.inner.exec(command, timeout=timeout, stdin=stdin, env=env, cwd=cwd)
-        self.log.add("exec", _command_text(command), started, result)
+        result = await self.inner.exec(command, timeout=timeout, stdin=stdin, env=env, cwd=cwd,
+                                       **options)
+        self.log.add("exec", _command_text(command), started, result, **options)
         return result
 
     async def open_shell(self) -> ShellSession:

@@ -1,16 +1,13 @@
-"""Reading Harbor task directories (task.toml schema 1.x) and verifier reward files: every
-malformed input is an error naming the task, the file and the field."""
+"""Reading Harbor task directories (task.toml schema 1.x): every malformed input is an error
+naming the task, the file and the field. Reward files: tests/unit/test_harbor_rewards.py."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from agentrl.errors import GradingError
 from agentrl_envs.harbor import SHIPPED_TASKS, HarborTaskError, load_task, load_tasks
-from agentrl_envs.harbor.env import read_reward
 from agentrl_envs.harbor.images import from_lines, image_tag
 
 TOML = """\
@@ -162,27 +159,6 @@ def test_image_tag_follows_the_environment_folder(tmp_path: Path) -> None:
 def test_from_lines() -> None:
     text = "FROM --platform=linux/amd64 python:3.12 AS build\nRUN x\nfrom build\nFROM scratch\n"
     assert from_lines(text) == [(1, "python:3.12", "build"), (3, "build", None), (4, "scratch", None)]
-
-
-def test_reward_files(tmp_path: Path) -> None:
-    where = "Harbor task t: tests/test.sh"
-    with pytest.raises(GradingError, match=r"wrote no /logs/verifier/reward.txt or reward.json \(exit code 3\)"):
-        read_reward(str(tmp_path), where, 3, "boom")
-    (tmp_path / "reward.txt").write_text(" 0.5\n")
-    assert read_reward(str(tmp_path), where, 0) == {"reward": 0.5}
-    for bad in ("", "nan", "one", "1 2"):
-        (tmp_path / "reward.txt").write_text(bad)
-        with pytest.raises(GradingError, match="reward.txt that is not one finite number"):
-            read_reward(str(tmp_path), where, 0)
-    (tmp_path / "reward.json").write_text(json.dumps({"reward": 1, "style": 0.25}))  # wins over .txt
-    assert read_reward(str(tmp_path), where, 0) == {"reward": 1.0, "style": 0.25}
-    (tmp_path / "reward.json").write_text(json.dumps({"accuracy": 0.75}))
-    assert read_reward(str(tmp_path), where, 0) == {"accuracy": 0.75, "reward": 0.75}
-    for bad, message in [("{", "malformed"), ("[1]", "not a table of finite numbers"),
-                         ('{"a": true}', "not a table"), ('{"a": 1, "b": 2}', "several entries and no 'reward'")]:
-        (tmp_path / "reward.json").write_text(bad)
-        with pytest.raises(GradingError, match=message):
-            read_reward(str(tmp_path), where, 0)
 
 
 def test_env_options_are_checked_when_it_is_made(tmp_path: Path) -> None:
