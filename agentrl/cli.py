@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
 
 from agentrl.config import parse_pairs, unknown_flags_message
-from agentrl.env import check_env, env_spec, import_env_module, list_envs
+from agentrl.env import TaskFields, check_env, env_spec, import_env_module, list_envs
 from agentrl.errors import AgentRLError, RunInterrupted
 from agentrl.eval.command import EvalConfig, add_eval_arguments, run_eval
 from agentrl.models.defaults import EmbeddedDefault, apply_embedded_default
@@ -21,22 +22,30 @@ def _cmd_list_envs(args: argparse.Namespace) -> int:
     for module in args.module:  # its register_env calls add the user's envs
         import_env_module(module, context="from --module")
     rows = [("id", "description", "tools", "max turns")]
+    fields: dict[str, TaskFields | None] = {}
     for spec in list_envs():
         try:
             env = spec.make()
             # MCP servers are not started here: their tools are known only after a reset
             names = [*env.toolbox.names, *(f"mcp:{s.label}" for s in env.mcp_servers)]
             tools, turns = ", ".join(names) or "-", str(env.max_turns)
+            fields[spec.id] = env.task_fields
             env.close()
         except Exception as exc:  # noqa: BLE001 - one broken env must not hide the others
             tools, turns = f"(cannot build: {type(exc).__name__}: {exc})", "?"
         rows.append((spec.id, spec.describe(), tools, turns))
     if args.json:
-        print(json.dumps([dict(zip(rows[0], r, strict=True)) for r in rows[1:]], indent=2))
+        print(json.dumps([{**dict(zip(rows[0], r, strict=True)),
+                           "task_fields": dataclasses.asdict(fields[r[0]]) if fields.get(r[0]) else None}
+                          for r in rows[1:]], indent=2))
         return 0
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths, strict=True)) + "  " + row[3])
+        if args.verbose and row is not rows[0]:
+            task = fields.get(row[0])
+            print("\n".join(["  a row of --prompt-data needs:", *task.describe()]) if task is not None
+                  else "  rows: not declared (the env's make_prompt reads them)")
     return 0
 
 
@@ -105,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("list-envs", allow_abbrev=False, help="list registered environments")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--verbose", action="store_true",
+                   help="also say what a --prompt-data row needs for each env: its fields, the "
+                   "ones --input-key / --label-key fill, an example row")
     p.add_argument(
         "--module", action="append", default=[], metavar="MOD",
         help="import MOD first so the envs it registers are listed too; repeatable",

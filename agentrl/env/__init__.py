@@ -19,6 +19,7 @@ from agentrl.env.registry import (
 )
 from agentrl.env.rewards import as_reward
 from agentrl.env.sandboxed import SandboxedToolEnv, register_episode_resource
+from agentrl.env.tasks import TaskFields
 
 __all__ = [
     "CHECKS",
@@ -32,6 +33,7 @@ __all__ = [
     "MessageList",
     "SandboxedToolEnv",
     "StepTimings",
+    "TaskFields",
     "ToolEnv",
     "as_reward",
     "check_env",

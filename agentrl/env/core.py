@@ -27,6 +27,7 @@ from gymnasium.error import ResetNeeded
 
 from agentrl.env.messages import AssistantTurn, Message, MessageList, message_problem
 from agentrl.env.rewards import as_reward
+from agentrl.env.tasks import TaskFields
 from agentrl.errors import (
     AgentRLError,
     MalformedArgumentsError,
@@ -208,6 +209,13 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
     """Whether ``reset`` hands the model the tools' JSON schemas (``info["tools"]``, which the
     chat template lists); envs with a compact prompt for small models turn it off."""
     default_max_turns: ClassVar[int] = 8
+    task_fields: ClassVar[TaskFields | None] = None
+    """The fields :meth:`make_prompt` and :meth:`compute_reward` read from a task row
+    (:class:`~agentrl.env.tasks.TaskFields`). With them, a prompt file's rows are checked
+    against them when the run starts (a row without them is skipped with its line and reason,
+    a file without any usable row is refused) and ``--input-key`` / ``--label-key`` name the
+    columns that fill the prompt and label fields. ``None``: rows are not checked ahead; one
+    :meth:`make_prompt` cannot read is skipped when the run reaches it."""
     env_id: str | None = None
     """The registry id this instance was made from (set by ``make_env``)."""
 

@@ -14,7 +14,10 @@ the user refused, leaking mounts and containers is not acceptable either way.
 
 The handler is a plain ``signal.signal`` handler, not ``loop.add_signal_handler``: the loop's
 handlers only run when the loop gets control back, and a blocking trainer call (a Ray ``get``)
-would delay even the second signal.
+would delay even the second signal. For the same reason, when the signal interrupts the run's
+own code while it holds the loop (a long step with no ``await``, such as reading a large prompt
+file at start-up), the handler raises the cancellation right there instead of waiting for the
+loop.
 
 Imported on first use: the sandbox reaper, only when a signal stops the run (the sandbox package
 pulls the Docker back-end's helpers).
@@ -121,9 +124,24 @@ class StopOnSignals:
         self.announce(f"{name}: stopping {self.interrupted_during}: closing episodes, sandboxes "
                       "and engines (send it again to exit at once)")
         assert self._loop is not None and self._task is not None
-        self._loop.call_soon_threadsafe(self._task.cancel)
         if self._watches:
             threading.Thread(target=self._watchdog, name="agentrl-stop-watchdog", daemon=True).start()
+        if self._runs_now(frame):  # the run's own code holds the loop (reading a large file):
+            raise asyncio.CancelledError  # stop it here, as a cancellation at its next await would
+        self._loop.call_soon_threadsafe(self._task.cancel)
+
+    def _runs_now(self, frame: FrameType | None) -> bool:
+        """Whether the signal interrupted the stopped task's own code (its coroutine's frame is
+        on the interrupted stack): then the loop would not get control back to cancel it until
+        that code is done, which for a start-up step such as reading a large prompt file can
+        take minutes."""
+        assert self._task is not None
+        target = getattr(self._task.get_coro(), "cr_frame", None)
+        while frame is not None:
+            if frame is target:
+                return True
+            frame = frame.f_back
+        return False
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.env.messages import message_problem
+from agentrl.env.tasks import TaskFields
 from agentrl.errors import DataError
 from agentrl.rollout.config import RolloutConfig
 
@@ -158,6 +159,8 @@ class RowParser:
     tool_key: str | None
     keep_offset: bool  # byte offsets mean nothing in shuffled order
     prompt_optional: bool = False  # rows are env tasks: the env builds the prompt
+    task_fields: TaskFields | None = None  # what --env's tasks need of a row (checked here)
+    env_id: str | None = None  # --env, for the messages
 
     def job(self, job: tuple[tuple[int, Any, int], int]) -> Item:
         """Parses ``(raw row, position after it)``."""
@@ -184,6 +187,12 @@ class RowParser:
         """The row as a record, or the reason it is unusable (with the fix)."""
         if not isinstance(row, dict):
             return f"a row must be a JSON object, got {type(row).__name__}"
+        if self.task_fields is not None:  # a task of --env: the env builds the prompt from it
+            task = self.task_fields.task_from(row, self.input_key, self.label_key)
+            if isinstance(task, str):
+                return f"not a task of --env {self.env_id}: {task}"
+            label = task.get(self.task_fields.label) if self.task_fields.label else row.get(self.label_key)
+            return self._record(task, None, line, label)
         key = self.input_key
         if key not in row and self.prompt_optional:
             return self._record(row, None, line)
@@ -207,7 +216,7 @@ class RowParser:
                     f"{type(prompt).__name__}")
         return self._record(row, prompt, line)
 
-    def _record(self, row: dict[str, Any], prompt: Any, line: int) -> Record | str:
+    def _record(self, row: dict[str, Any], prompt: Any, line: int, label: Any = None) -> Record | str:
         metadata = json_field(row, self.metadata_key, dict, "an object")
         if isinstance(metadata, str):
             return metadata
@@ -219,7 +228,8 @@ class RowParser:
             if tools is not None:
                 metadata["tools"] = tools
         source = {"file": self.path, "line": line}
-        return Record(row, prompt, row.get(self.label_key), metadata, source)
+        return Record(row, prompt, label if label is not None else row.get(self.label_key), metadata,
+                      source)
 
 
 def json_field(row: dict[str, Any], key: str, kind: type, what: str) -> Any:

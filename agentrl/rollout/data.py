@@ -212,7 +212,9 @@ class RolloutDataSource:
         self._parquet = path.suffix == ".parquet"
         self._parser = RowParser(str(path), self.input_key, self.label_key, self.metadata_key,
                                   self.tool_key, keep_offset=not self.shuffle,
-                                  prompt_optional=self._env_id is not None)
+                                  prompt_optional=self._env_id is not None,
+                                  task_fields=getattr(self._env, "task_fields", None),
+                                  env_id=self._env_id)
         if self.streaming:
             self._probe()
             return
@@ -332,10 +334,12 @@ class RolloutDataSource:
             if item is None:
                 if not self._any_valid:  # guards against looping over a file emptied meanwhile
                     self._no_rows([])
-                if self._whole_epoch and not self._served and self._excluded:
-                    first = next(iter(self._excluded.values()))
-                    raise DataError(f"no row of {first.file} can be played: every usable one was "
-                                    f"skipped, e.g. line {first.line}: {first.reason}")
+                if self._whole_epoch and not self._served:  # another epoch would serve nothing too
+                    first = next(iter(self._excluded.values()), None) or next(iter(self.skipped_rows), None)
+                    example = f", e.g. line {first.line}: {first.reason}" if first is not None else ""
+                    where = first.file if first is not None else self._where()
+                    raise DataError(f"no row of {where} can be played: a whole pass over it served "
+                                    f"none{example}")
                 self._close_iter()
                 self._epoch += 1
                 self._position = self._offset = self._line = 0

@@ -313,3 +313,28 @@ def test_agentrl_eval_stopped_by_sigint_leaks_nothing(tmp_path):
     assert "agentrl: interrupted by SIGINT during the evaluation of model" in stderr
     assert "Traceback" not in stderr
     run.assert_nothing_left()
+
+
+def test_a_signal_while_a_large_prompt_file_is_read_stops_the_run_there(tmp_path):
+    """Reading a prompt file holds the event loop (no await between its rows): the signal
+    stops it mid-read instead of waiting until the whole file is parsed."""
+    rows = tmp_path / "tasks.jsonl"
+    with rows.open("w") as f:
+        for i in range(1_000_000):  # seconds of parsing on any machine
+            f.write(f'{{"question": "What is {i} * 3?", "expression": "{i} * 3", "answer": {3 * i}}}\n')
+    out = tmp_path / "run"
+    process = subprocess.Popen([sys.executable, str(REPO / "train.py"), "--env", "calc", "--prompt-data",
+                                str(rows), "--num-rollout", "1", "--no-use-ray", "--no-progress",
+                                "--output-dir", str(out)], cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not out.is_dir() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)  # the run's folder is made just before the prompts are read
+    time.sleep(0.3)
+    process.send_signal(signal.SIGINT)
+    signalled = time.monotonic()
+    _, stderr = process.communicate(timeout=120)
+    assert time.monotonic() - signalled < 30
+    assert process.returncode == 130, stderr[-3000:]
+    assert "train.py: interrupted by SIGINT during start-up" in stderr and "Traceback" not in stderr
+    assert not (out / "run.json").exists()  # stopped inside the read, before the launch record
