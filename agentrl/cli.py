@@ -9,7 +9,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from agentrl.config import parse_pairs, unknown_flags_message
+from agentrl.config import FlagParser, parse_pairs, unknown_flags_message
 from agentrl.env import TaskFields, check_env, env_spec, import_env_module, list_envs
 from agentrl.errors import AgentRLError, RunInterrupted
 from agentrl.eval.command import EvalConfig, add_eval_arguments, run_eval
@@ -109,7 +109,7 @@ def _cmd_clean_sandboxes(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``agentrl`` command."""
-    parser = argparse.ArgumentParser(prog="agentrl", description=__doc__, allow_abbrev=False)
+    parser = FlagParser(prog="agentrl", description=__doc__, allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("list-envs", allow_abbrev=False, help="list registered environments")

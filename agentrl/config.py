@@ -23,6 +23,15 @@ __all__ = ["add_arguments", "flag", "from_namespace", "option", "parse_pairs", "
 C = TypeVar("C")
 
 
+class FlagParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line: ``prog: error: message`` and where to
+    look (``prog --help``), not the full usage first (a hundred lines for ``train.py``).
+    Subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n(all flags: {self.prog} --help)\n")
+
+
 def option(default: Any = None, help: str = "", **argparse_kwargs: Any) -> Any:
     """A dataclass field that is also a flag; ``argparse_kwargs`` go to ``add_argument``."""
     metadata = {"help": help, "argparse": argparse_kwargs}

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl.config import parse_pairs
+from agentrl.config import FlagParser, parse_pairs
 from agentrl.env import make_env
 from agentrl.errors import AgentRLError, ConfigError
 from agentrl.eval.command import EvalConfig, evaluate
@@ -49,7 +49,7 @@ TRAIN_PY = Path(__file__).resolve().parents[1] / "train.py"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m agentrl.warm", allow_abbrev=False,
+    parser = FlagParser(prog="python -m agentrl.warm", allow_abbrev=False,
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", required=True, help="the env whose oracle demonstrates (its train split)")
     parser.add_argument("--env-kwarg", action="append", default=[], metavar="KEY=VALUE",

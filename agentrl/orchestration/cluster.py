@@ -148,6 +148,9 @@ def start_ray(config: ClusterConfig) -> None:
         return
     engines = config.num_engines if config.engine_actors and not config.colocate else 0
     cpus = max(os.cpu_count() or 1, config.world_size * config.cpus_per_rank + engines)
+    # Ray notes on every local start that it turned token authentication on; it stays on, and
+    # the note is about Ray's default, not about the run: it is not printed
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     # "local": a new instance even if `ray start` left a cluster address on this machine
     ray.init(address="local", num_cpus=cpus, object_store_memory=256 * 2**20,
              include_dashboard=False, log_to_driver=False, namespace=RAY_NAMESPACE)

@@ -7,7 +7,14 @@ import argparse
 import dataclasses
 from collections.abc import Sequence
 
-from agentrl.config import add_arguments, flag, from_namespace, option, unknown_flags_message
+from agentrl.config import (
+    FlagParser,
+    add_arguments,
+    flag,
+    from_namespace,
+    option,
+    unknown_flags_message,
+)
 from agentrl.errors import ConfigError, PluginError
 from agentrl.models.defaults import EmbeddedDefault, apply_embedded_default
 from agentrl.orchestration.cluster import ClusterConfig
@@ -113,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     """``train.py``'s parser: one flag per config field (``--sglang-*`` and ``--vllm-*`` flags
     are collected apart, by :func:`parse_args`)."""
     # allow_abbrev=False: a prefix such as --num-roll must not quietly mean --num-rollout
-    parser = argparse.ArgumentParser(prog="train.py", allow_abbrev=False,
+    parser = FlagParser(prog="train.py", allow_abbrev=False,
                                      description="agentrl: RL for tool-using agents")
     for cls, title in ((RolloutConfig, "rollout"), (TrainerConfig, "trainer"), (RunConfig, "run"),
                        (ClusterConfig, "cluster")):

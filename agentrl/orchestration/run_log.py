@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -13,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.orchestration.progress import RunProgress
-from agentrl.orchestration.run_folder import point_latest
+from agentrl.orchestration.run_folder import LATEST, point_latest
 from agentrl.orchestration.sinks import MetricsSink, TensorBoardSink, WandbSink, scalars
 from agentrl.rollout.sample import Sample
 
@@ -72,6 +74,9 @@ class RunLog:
         self.flat_rollouts = 0
         self.elapsed_before = 0.0  # seconds the run ran before this process (restored on --load)
         self.root = Path(output_dir)
+        # the folders this run makes (the run's, and parents such as runs/): taken back if it
+        # stops before it launched
+        self.created = [folder for folder in (self.root, *self.root.parents) if not folder.exists()]
         self.root.mkdir(parents=True, exist_ok=True)
         self.run_path = self.root / "run.json"
         self.metrics_path = self.root / "metrics.jsonl"
@@ -255,8 +260,23 @@ class RunLog:
     def __enter__(self) -> RunLog:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
         self.close()
+        if exc_type is not None and self.root in self.created and not self.run_path.exists():
+            self._take_back()
+
+    def _take_back(self) -> None:
+        """Removes the folder this run made when it stopped before it launched (a refused
+        start: an env that cannot be imported, a prompt file with no usable row, a signal while
+        reading it): nothing in it records a run. ``runs/latest`` then names no folder and goes
+        too."""
+        shutil.rmtree(self.root, ignore_errors=True)
+        latest = self.root.parent / LATEST
+        if latest.is_symlink() and os.readlink(latest) == self.root.name:
+            latest.unlink(missing_ok=True)
+        for folder in self.created[1:]:  # parents it made, innermost first, while empty
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
     def _flat_rollouts_after(self, values: Mapping[str, Any]) -> int:
         """The flat-rollouts-in-a-row count once the rollout with metrics ``values`` is counted:

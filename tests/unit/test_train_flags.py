@@ -390,3 +390,10 @@ def test_a_filter_that_is_not_callable_is_refused_at_parse_time(
     plugin.write_text("threshold = 0.5\n")
     err = refused([*ENV, "--dynamic-sampling-filter-path", f"{plugin}:threshold"], capsys)
     assert f"--dynamic-sampling-filter-path '{plugin}:threshold' is not callable" in err
+
+
+def test_a_flag_error_is_one_line_and_where_to_look(capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused([*ENV, "--rollout-batch-size", "0"], capsys)
+    assert err.splitlines() == ["train.py: error: --rollout-batch-size must be >= 1, got 0",
+                                "(all flags: train.py --help)"]
+
