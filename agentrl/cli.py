@@ -52,13 +52,16 @@ def _cmd_list_envs(args: argparse.Namespace) -> int:
 def _cmd_check_env(args: argparse.Namespace) -> int:
     spec = env_spec(args.id)
     env = spec.make(**parse_pairs(args.env_kwarg, "--env-kwarg"))
-    check_env(env, seed=args.seed)
+    skipped = check_env(env, seed=args.seed)
     tools = f"{len(env.toolbox)} tools"
     if env.mcp_info:
         count = sum(len(s["tools"]) for s in env.mcp_info)
         servers = ", ".join(f"{s['name']} ({s['server_info'] or 'unnamed server'})" for s in env.mcp_info)
         tools += f", {count} from MCP servers: {servers}"
-    print(f"{spec.id}: all checks passed ({tools}, max_turns={env.max_turns})")
+    what = "all checks passed" if not skipped else f"every check that ran passed ({len(skipped)} skipped)"
+    print(f"{spec.id}: {what} ({tools}, max_turns={env.max_turns})")
+    for reason in skipped:
+        print(f"  skipped: {reason}")
     return 0
 
 

@@ -48,8 +48,8 @@ def check_env(
     seed: int = 0,
     options: Mapping[str, Any] | None = None,
     oracle_episodes: int = 5,
-) -> None:
-    """Checks ``env`` against the ToolEnv contract; returns ``None`` when it passes.
+) -> list[str]:
+    """Checks ``env`` against the ToolEnv contract; returns the checks that did not apply.
 
     Checks: it is a ``ToolEnv``; tool schemas are valid OpenAI-style function schemas with
     valid JSON Schema parameters and unique names; ``reset`` returns ``(messages, info)`` with a
@@ -76,9 +76,14 @@ def check_env(
         options: Passed to every ``reset`` (e.g. a fixed ``{"task": row}``).
         oracle_episodes: Episodes the oracle plays (0 skips that check).
 
+    Returns:
+        The checks skipped, each with why (``oracle: the env has no scripted oracle ...``); an
+        empty list when every check ran. Any check that ran passed.
+
     Raises:
         EnvCheckError: The first failed check, named in the message.
     """
+    skipped: list[str] = []
     if not isinstance(env, ToolEnv):
         _fail("type", f"expected an agentrl.ToolEnv, got {type(env).__name__}")
     _check_schemas(env)
@@ -126,7 +131,9 @@ def check_env(
         _reset(env, seed, options)
         _expect_tool_error(env, "malformed call", broken, ToolErrorKind.PARSE_ERROR)
 
-    if len(env.toolbox):
+    if not len(env.toolbox):
+        skipped.append("bad arguments: the env has no tools to call")
+    else:
         name = env.toolbox.names[0]
         bad = {"role": "assistant", "content": "", "tool_calls": [{"name": name, "arguments": [1, 2]}]}
         _reset(env, seed, options)
@@ -143,8 +150,11 @@ def check_env(
         if reward != 0.0:
             _fail("truncation", f"non-final turns must give reward 0.0, got {reward!r}")
 
-    if oracle_episodes > 0:
-        _check_oracle(env, seed, options, oracle_episodes)
+    if oracle_episodes <= 0:
+        skipped.append("oracle: not asked for (oracle_episodes=0)")
+    elif not _check_oracle(env, seed, options, oracle_episodes):
+        skipped.append("oracle: the env has no scripted oracle (its oracle_action raises "
+                       "AgentRLError), so no episode was played to success")
 
     try:
         env.close()
@@ -157,6 +167,7 @@ def check_env(
         pool = env.mcp_pool
         if env._owns_mcp_pool and pool is not None and pool.connections():
             _fail("close", f"shared MCP servers still run after close(): {pool.connections()}")
+    return skipped
 
 
 def _fail(check: str, message: str) -> None:
@@ -218,9 +229,9 @@ def _check_mcp(env: ToolEnv, info: Mapping[str, Any], seed: int,
 
 def _check_oracle(
     env: ToolEnv, seed: int, options: Mapping[str, Any] | None, episodes: int
-) -> None:
-    """Plays the oracle on ``episodes`` tasks; skipped when ``oracle_action`` raises
-    AgentRLError on the first turn (the env has none)."""
+) -> bool:
+    """Plays the oracle on ``episodes`` tasks; returns False (nothing played) when
+    ``oracle_action`` raises AgentRLError on the first turn (the env has none)."""
     plays: list[tuple[str, int, Mapping[str, Any] | None]] = []
     if not options:
         try:
@@ -246,7 +257,7 @@ def _check_oracle(
                 action = env.oracle_action(info.get("task", {}), list(env.messages))
             except AgentRLError as exc:
                 if index == 0 and turn == 0:
-                    return  # the env has no scripted oracle
+                    return False  # the env has no scripted oracle
                 _fail("oracle", f"{label}: oracle_action raised {type(exc).__name__} at turn "
                       f"{turn + 1}: {exc}")
             except Exception as exc:  # noqa: BLE001 - reported as the failed check
@@ -267,6 +278,7 @@ def _check_oracle(
             "Fix the oracle or the grader; an env without an oracle lets oracle_action raise "
             "AgentRLError (the default). Failed:\n  " + "\n  ".join(failures),
         )
+    return True
 
 
 def _reset(env: ToolEnv, seed: int, options: Mapping[str, Any] | None) -> list[dict]:

@@ -71,7 +71,9 @@ def test_check_env_on_user_module_outside_repo(tmp_path):
     (tmp_path / "my_module.py").write_text(USER_MODULE)
     result = _agentrl(["check-env", "my_module:glossary"], tmp_path, tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "glossary-v0: all checks passed" in result.stdout
+    # it has no scripted oracle: the output says that check was skipped, not "all passed"
+    assert "glossary-v0: every check that ran passed (1 skipped)" in result.stdout
+    assert "skipped: oracle: the env has no scripted oracle" in result.stdout
 
 
 def test_check_env_reports_broken_env(tmp_path):

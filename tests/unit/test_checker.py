@@ -37,8 +37,11 @@ class GoodEnv(ToolEnv):
         return 0.0
 
 
-def test_good_env_passes():
-    check_env(GoodEnv())
+def test_good_env_passes_and_says_which_checks_it_skipped():
+    # GoodEnv has no scripted oracle: that check did not run, and check_env says so
+    [skipped] = check_env(GoodEnv())
+    assert skipped.startswith("oracle: the env has no scripted oracle")
+    assert check_env(GoodEnv(), oracle_episodes=0) == ["oracle: not asked for (oracle_episodes=0)"]
 
 
 NEEDS_USER_DATA = {
@@ -53,7 +56,7 @@ NEEDS_USER_DATA = {
 def test_every_registered_env_passes(env_id):
     if env_id in NEEDS_USER_DATA:
         pytest.skip(NEEDS_USER_DATA[env_id])
-    check_env(agentrl.make_env(env_id))
+    assert check_env(agentrl.make_env(env_id)) == []  # built-in envs have oracles: every check runs
 
 
 class FourTupleEnv(GoodEnv):
