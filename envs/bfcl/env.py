@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentrl import EpisodeState, ToolEnv
-from agentrl.env import check_split
+from agentrl.env import TaskFields, check_split
 from agentrl.errors import AgentRLError, SchemaViolationError
 from agentrl.tools import Tool, ToolCall
 from agentrl.tools.toolbox import Toolbox, ToolOutcome, error_text
@@ -117,6 +117,19 @@ class BfclEnv(ToolEnv):
 
     tools = ()
     default_max_turns = 1
+    task_fields = TaskFields(
+        {"messages": "the conversation: chat messages (a JSON list, or its text)",
+         "functions": "the function schemas the model may call",
+         "ground_truth": "the expected calls, each argument with its accepted values",
+         "category": "the BFCL category, e.g. simple_python, multiple, parallel"},
+        prompt="messages", label="ground_truth",
+        example={"category": "simple_python",
+                 "messages": [{"role": "user", "content": "Area of a triangle, base 10, height 5?"}],
+                 "functions": [{"name": "triangle_area", "description": "Area of a triangle.",
+                                "parameters": {"type": "dict", "properties": {
+                                    "base": {"type": "integer"}, "height": {"type": "integer"}},
+                                    "required": ["base", "height"]}}],
+                 "ground_truth": [{"triangle_area": {"base": [10], "height": [5]}}]})
 
     def __init__(self, *, categories: Sequence[str] = CATEGORIES, **kwargs: Any) -> None:
         categories = tuple(categories)

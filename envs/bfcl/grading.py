@@ -64,6 +64,15 @@ class Verdict:
 _VALID = Verdict(True)
 
 
+def _shown(value: Any, limit: int) -> str:
+    """``repr(value)`` cut at ``limit`` characters, for messages; never raises (an int too long
+    for ``repr``, 4,300 digits and up, is named instead of crashing the grade)."""
+    try:
+        return repr(value)[:limit]
+    except ValueError:
+        return f"<{type(value).__name__} too long to show>"
+
+
 def normalize_string(text: str) -> str:
     """BFCL's string normalisation: drop spaces and ``,./-_*^``, lower-case, ``'`` -> ``"``."""
     return _STRIP_RE.sub("", text).lower().replace("'", '"')
@@ -181,7 +190,7 @@ def check_call(
         type_ok, variable = _type_ok(value, possible, expected, item_type)
         if not type_ok:
             return Verdict(False, f"{name}: parameter {param!r} should be of type {declared}, "
-                                  f"got {type(value).__name__} ({value!r:.80})")
+                                  f"got {type(value).__name__} ({_shown(value, 80)})")
         if not variable:
             special = None
             if expected is dict:
@@ -194,11 +203,11 @@ def check_call(
                 special = _list_ok(value, possible)
             if special is not None:
                 if not special:
-                    return Verdict(False, f"{name}: invalid value for {param!r}: {value!r:.80}; "
+                    return Verdict(False, f"{name}: invalid value for {param!r}: {_shown(value, 80)}; "
                                           f"expected one of {list(possible)!r:.160}")
                 continue
         if value not in possible:
-            return Verdict(False, f"{name}: invalid value for {param!r}: {value!r:.80}; "
+            return Verdict(False, f"{name}: invalid value for {param!r}: {_shown(value, 80)}; "
                                   f"expected one of {list(possible)!r:.160}")
     for param, possible in possible_by_param.items():
         if param not in arguments and _OPTIONAL not in possible:
@@ -220,7 +229,7 @@ def _decode(calls: Sequence[Any]) -> list[tuple[str, dict[str, Any]]] | str:
             except ValueError:
                 arguments = None
         if not isinstance(name, str) or not isinstance(arguments, dict):
-            return f"call {index} is malformed: {call!r:.120}"
+            return f"call {index} is malformed: {_shown(call, 120)}"
         decoded.append((name, arguments))
     return decoded
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentrl import EpisodeState, ToolEnv
-from agentrl.env import check_split
+from agentrl.env import TaskFields, check_split
 from agentrl.tools import ToolCall
 from agentrl_envs.calc.tasks import SPLITS, load_tasks, sample_task
 from agentrl_tools.calculator import calculator
@@ -20,7 +20,35 @@ COMPACT_SYSTEM_PROMPT = "Call the calculator tool like this:\n{example}\nthen re
 """The ``compact=True`` system prompt; ``{example}`` is one call written in the env's tool-call
 format."""
 _EXAMPLE_CALL = ToolCall("calculator", {"expression": "2*3+4"})
-_ANSWER_RE = re.compile(r"Answer:\s*(-?\d+)")
+_ANSWER_RE = re.compile(r"Answer:[ \t]*\**[ \t]*(-?\d+)")
+
+
+def parse_answer(text: str) -> int | None:
+    """The integer of the last ``Answer: N`` in ``text``, or ``None``.
+
+    The rest of its line may hold words or punctuation (``Answer: 42 pencils.``,
+    ``Answer: **42**``) but no other digit: ``Answer: 42.5``, ``Answer: 42, 43``,
+    ``Answer: 4e2`` or ``Answer: 42/3`` give no answer rather than 42 or 4, so several
+    candidates at once, or a number cut short, never count as their first integer. A number
+    too long for ``int()`` (over 4,300 digits) is no answer either.
+
+    Examples:
+        >>> parse_answer("The result is 42.\\nAnswer: 42")
+        42
+        >>> parse_answer("Answer: 42 or 43") is None
+        True
+    """
+    matches = list(_ANSWER_RE.finditer(text))
+    if not matches:
+        return None
+    last = matches[-1]
+    rest = text[last.end():].split("\n", 1)[0]
+    if any(c.isdigit() for c in rest):
+        return None
+    try:
+        return int(last.group(1))
+    except ValueError:  # more digits than int() converts (4300): not an answer, not a crash
+        return None
 
 
 class CalcEnv(ToolEnv):
@@ -46,6 +74,11 @@ class CalcEnv(ToolEnv):
 
     tools = (calculator,)
     default_max_turns = 4
+    task_fields = TaskFields(
+        {"question": "the arithmetic question, as the user asks it",
+         "answer": "the integer answer"},
+        prompt="question", label="answer",
+        example={"question": "What is 12 * 7?", "answer": 84, "expression": "12 * 7"})
 
     def __init__(self, *, split: str = "train", compact: bool = False, **kwargs: Any) -> None:
         check_split(type(self), split, SPLITS)
@@ -71,8 +104,7 @@ class CalcEnv(ToolEnv):
 
 
     def compute_reward(self, task: Mapping[str, Any], final: Mapping[str, Any], state: EpisodeState) -> float:
-        answers = _ANSWER_RE.findall(final.get("content", ""))
-        given = int(answers[-1]) if answers else None
+        given = parse_answer(final.get("content") or "")
         state.grade = {"answer": given, "expected": int(task["answer"])}
         return 1.0 if given == int(task["answer"]) else 0.0
 

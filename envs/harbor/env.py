@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl import EpisodeState
-from agentrl.env import check_split
+from agentrl.env import TaskFields, check_split
 from agentrl.env.sandboxed import SandboxedToolEnv
 from agentrl.errors import GradingError
 from agentrl.sandbox import WORKSPACE, Limits, Sandbox
@@ -123,6 +123,8 @@ class HarborEnv(SandboxedToolEnv):
 
     tools = (bash, editor, search, submit)
     default_max_turns = 30
+    task_fields = TaskFields({"id": "the task's name (task.toml's task.name) among the tasks under path"},
+                             example={"id": "agentrl/debug-test-roman"})
     local_sandboxes_only = (
         "harbor-v0 builds each task's image with this machine's Docker daemon, grades through "
         "the container's host directories (DockerSandbox.host_dir) and runs the tasks' stdio "

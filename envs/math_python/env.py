@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentrl import EpisodeState
-from agentrl.env import check_split
+from agentrl.env import TaskFields, check_split
 from agentrl.env.sandboxed import SandboxedToolEnv
 from agentrl_envs.math_python.tasks import (
     DEFAULT_GENERATORS,
@@ -43,6 +43,28 @@ def extract_answer(text: str) -> str | None:
     return answer
 
 
+def hedge_checked(task: Mapping[str, Any], answer: str | None, score: float) -> float:
+    """``score`` (the generator's), or 0.0 when it is partial credit for an answer that merely
+    contains the expected one.
+
+    reasoning-gym's default scorer (``basic_arithmetic``, ``leg_counting``...) gives
+    ``len(expected) / len(answer)`` to any answer that contains the expected text: ``5000``
+    for ``500`` earns 0.75, and a list of candidates earns more than one wrong number. Only an
+    answer the generator scores 1.0 keeps full credit; other partial credit (e.g. 0.01 for a
+    wrong single number on ``gsm_symbolic``) is kept when the answer does not contain the
+    expected text.
+
+    Examples:
+        >>> hedge_checked({"answer": "500"}, "5000", 0.75)
+        0.0
+        >>> hedge_checked({"answer": "500"}, "500", 1.0)
+        1.0
+    """
+    if score < 1.0 and answer and str(task["answer"]) in answer:
+        return 0.0
+    return score
+
+
 class MathPythonEnv(SandboxedToolEnv):
     """Math word problems (reasoning-gym) with a python tool; reward from the generator's scorer.
 
@@ -51,9 +73,11 @@ class MathPythonEnv(SandboxedToolEnv):
     generator and split, deterministic and disjoint (see :mod:`agentrl_envs.math_python.tasks`).
     The model may compute with the ``python`` tool in the episode's sandbox and ends with a turn
     without tool calls whose last ``Answer: X`` line gives the answer; the reward is the
-    generator's own ``score_answer(X, entry)`` (``None`` when there is no ``Answer:`` line).
-    Scorers may give partial credit (e.g. 0.01 for a wrong number on ``gsm_symbolic``); a
-    success is a reward of 1.0.
+    generator's own ``score_answer(X, entry)`` (``None`` when there is no ``Answer:`` line),
+    except that partial credit for an answer that merely contains the expected one is 0.0
+    (:func:`hedge_checked`: reasoning-gym's default scorer pays ``5000`` for ``500``, or a
+    list of candidates, a share of the reward). Scorers may give other partial credit (e.g.
+    0.01 for a wrong number on ``gsm_symbolic``); a success is a reward of 1.0.
 
     Args:
         split: Split that ``reset()`` without a task draws from (``train`` or ``test``).
@@ -71,6 +95,12 @@ class MathPythonEnv(SandboxedToolEnv):
 
     tools = (python,)
     default_max_turns = 6
+    task_fields = TaskFields(
+        {"question": "the problem, as the user asks it",
+         "answer": "the expected final answer (text)",
+         "generator": "the reasoning-gym generator whose scorer grades the answer, e.g. basic_arithmetic"},
+        prompt="question", label="answer",
+        example={"question": "What is 17 + 25?", "answer": "42", "generator": "basic_arithmetic"})
 
     def __init__(
         self,
@@ -129,8 +159,10 @@ class MathPythonEnv(SandboxedToolEnv):
         self, task: Mapping[str, Any], final: Mapping[str, Any], state: EpisodeState
     ) -> float:
         answer = extract_answer(final.get("content") or "")
-        score = score_answer(task, answer)
-        state.grade = {"answer": answer, "expected": task["answer"], "score": score}
+        generator_score = score_answer(task, answer)
+        score = hedge_checked(task, answer, generator_score)
+        state.grade = {"answer": answer, "expected": task["answer"], "score": score,
+                       "generator_score": generator_score}
         return score
 
     def oracle_action(self, task: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> str:

@@ -1,28 +1,41 @@
-"""Grading helper, run inside an episode's sandbox as ``python3 -s -P -c <this file>``.
+"""Grading helper, run inside an episode's sandbox by ``python3 -s -c`` (through
+:data:`.grading.BOOTSTRAP`, which first takes the working directory off ``sys.path``).
 
-Standard library (and pytest, for ``project`` mode) only. It reads one JSON request on stdin
-and prints one line, ``__agentrl_grade__ <JSON>``. Every mode first stops what the episode left
-running in the sandbox (every process except this command, its ancestors, the namespace's init
-and the sandbox's own ``sleep infinity`` holder), so that nothing the agent started can touch
-the files while they are graded.
+Standard library (and pytest, for ``project`` mode) only; Python 3.8 or later (it also runs in
+SWE-bench images). It reads one JSON request on stdin and prints one line, ``__agentrl_grade__
+<nonce> <JSON>`` (``nonce``: the request's, drawn afresh for each grading), then ends with
+``os._exit(0)`` so that no exit handler or finalizer can print after it. The host takes only
+the last line of a run that exited 0, and only with the right nonce. Every mode first stops what
+the episode left running in the sandbox (every process except this command, its ancestors, the
+namespace's init and the sandbox's own ``sleep infinity`` holder), so that nothing the agent
+started can touch the files while they are graded.
 
 Modes:
 
 * ``stop``: only that; answers ``{"stopped": N}``.
 * ``project``: copies the project's source files (``sources``, read from ``root`` without
-  following symlinks; missing or non-regular files are left out) into a fresh directory, writes
-  the original test files (``files``) beside them, runs pytest there in this process with only
-  our own ini file (no ``conftest.py``, no cache, no plugins autoloaded, no user site) and
-  answers ``{"outcomes": {node id: passed|failed|skipped}, "exit": code}``.
+  following symlinks; missing or non-regular files are left out) into a fresh directory and
+  screens those listed in ``originals`` (:func:`screen_source`: against the given and the
+  fixed text of each, a source may not add imports nor uses of the interpreter's
+  introspection and process hooks, which code under test could use to rewrite the test run
+  from inside). It then writes the original test files (``files``) beside them, runs pytest
+  there in this process with only our own ini file (no ``conftest.py``, no cache, no plugins
+  autoloaded, no user site), checks that the test files are still as written, and answers
+  ``{"outcomes": {node id: passed|failed|skipped}, "exit": code}``, or ``{"error": ...}`` when
+  a source was refused or a test file changed.
 * ``swebench``: puts every test or pytest-configuration file of the repository at ``root``
   (and every path in ``touched``) back as it is in the untouched copy at ``pristine``
-  (deleting the ones the copy lacks), then applies the unified diff ``patch`` (``git apply``
-  when git is there, else our own exact-match applier). Answers ``{"applied": true}`` or
-  ``{"applied": false, "error": ...}``.
+  (deleting the ones the copy lacks, and symlinks to directories the copy does not have, which
+  would hide files from that walk), deletes new top-level modules the copy lacks that shadow
+  an installed or standard one (a ``pytest.py`` or ``inspect.py`` in the working directory is
+  what ``python -m pytest`` would import), then applies the unified diff ``patch`` (``git
+  apply`` when git is there, else our own exact-match applier). Answers ``{"applied": true}``
+  or ``{"applied": false, "error": ...}``.
 
 The module can be imported (``main`` runs only as ``__main__``) for :func:`patch_files`.
 """
 
+import ast
 import json
 import os
 import re
@@ -116,6 +129,96 @@ def _write(base, rel, data):
         f.write(data if isinstance(data, bytes) else data.encode("utf-8"))
 
 
+_RISKY_NAMES = frozenset({
+    "__import__", "eval", "exec", "compile", "globals", "locals", "vars", "getattr", "setattr",
+    "delattr", "open", "breakpoint", "input",
+})
+"""Builtins that reach objects or files by name, or run code from text."""
+_RISKY_ATTRIBUTES = frozenset({
+    "modules", "meta_path", "path_hooks", "path_importer_cache", "settrace", "setprofile",
+    "addaudithook", "excepthook", "unraisablehook", "displayhook", "breakpointhook",
+    "_getframe", "_current_frames", "_exit", "f_back", "f_globals", "f_locals", "f_builtins",
+    "f_code", "f_trace", "tb_frame", "tb_next", "gi_frame", "cr_frame", "ag_frame",
+    "get_objects", "get_referrers", "get_referents", "currentframe", "stack", "attrgetter",
+    "methodcaller", "kill", "killpg", "abort", "system", "popen", "fork", "forkpty", "execv",
+    "execve", "execl", "execle", "execlp", "execlpe", "execvp", "execvpe", "spawnv", "spawnve",
+    "posix_spawn", "posix_spawnp", "dup2", "chmod", "unlink", "rename", "rmdir", "symlink",
+    "write_text", "write_bytes",
+})
+"""Attributes of the interpreter's introspection (frames, the module table, the garbage
+collector), its hooks, and process or file-system control."""
+_PLAIN_DUNDERS = frozenset(
+    f"__{name}__" for name in (
+        "init new del repr str bytes format hash bool len iter next reversed contains getitem "
+        "setitem delitem missing call enter exit eq ne lt le gt ge add sub mul matmul truediv "
+        "floordiv mod divmod pow lshift rshift and xor or neg pos abs invert complex int float "
+        "index round trunc floor ceil radd rsub rmul rmatmul rtruediv rfloordiv rmod rdivmod "
+        "rpow rlshift rrshift rand rxor ror iadd isub imul imatmul itruediv ifloordiv imod ipow "
+        "ilshift irshift iand ixor ior name qualname doc module all slots version "
+        "class_getitem init_subclass set_name copy deepcopy reduce reduce_ex getstate setstate "
+        "getnewargs getnewargs_ex sizeof fspath length_hint"
+    ).split()
+)
+"""Special-method and descriptive names: any other ``__x__`` (``__globals__``,
+``__subclasses__``, ``__builtins__``, ``__stdout__``...) counts as risky."""
+
+
+def _risky_uses(tree):
+    """{identifier: uses} of the risky names, attributes and dunders in ``tree``, and the set
+    of modules it imports."""
+    uses, imports = {}, set()
+
+    def note(name, risky):
+        if risky or (name.startswith("__") and name.endswith("__") and name not in _PLAIN_DUNDERS):
+            uses[name] = uses.get(name, 0) + 1
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            note(node.id, node.id in _RISKY_NAMES)
+        elif isinstance(node, ast.Attribute):
+            note(node.attr, node.attr in _RISKY_ATTRIBUTES)
+        elif isinstance(node, ast.Import):
+            imports.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = "." * node.level + (node.module or "")
+            imports.add(module)
+            for alias in node.names:
+                note(alias.name, alias.name in _RISKY_ATTRIBUTES)
+    return uses, imports
+
+
+def screen_source(source, originals):
+    """Why ``source`` (bytes) is refused, or ``None``.
+
+    A graded source may not import a module that none of ``originals`` (the task's texts of
+    that file) imports, nor use a risky builtin, attribute or dunder (see ``_RISKY_NAMES``,
+    ``_RISKY_ATTRIBUTES``, ``_PLAIN_DUNDERS``) more often than the original that uses it most.
+    Code under test runs in the test process: with those it could rewrite the run's reports.
+    A source that does not parse is not refused here (it fails its tests).
+    """
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    allowed_uses, allowed_imports = {}, set()
+    for text in originals:
+        try:
+            uses, imports = _risky_uses(ast.parse(text))
+        except (SyntaxError, ValueError):
+            continue
+        allowed_imports |= imports
+        for name, count in uses.items():
+            allowed_uses[name] = max(allowed_uses.get(name, 0), count)
+    uses, imports = _risky_uses(tree)
+    new_imports = sorted(imports - allowed_imports)
+    if new_imports:
+        return "imports " + ", ".join(new_imports) + ", which the original does not"
+    extra = sorted(name for name, count in uses.items() if count > allowed_uses.get(name, 0))
+    if extra:
+        return "uses " + ", ".join(extra) + " more often than the original"
+    return None
+
+
 class _Recorder:
     """pytest plugin: one outcome per test node id."""
 
@@ -151,9 +254,16 @@ class _Capped:
 def grade_project(req):
     """``project`` mode (see the module docstring)."""
     workdir = tempfile.mkdtemp(prefix="agentrl-grade-")
+    originals = req.get("originals") or {}
     for rel in req["sources"]:
         data = _read_source(req["root"], rel)
         if data is not None:
+            texts = originals.get(rel)
+            reason = None if texts is None else screen_source(data, texts)
+            if reason is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
+                return {"error": f"{rel} was refused: it {reason} (code under test may not "
+                                 "reach into the test run)"}
             _write(workdir, rel, data)
     for rel, content in req["files"].items():
         _write(workdir, rel, content)
@@ -178,8 +288,13 @@ def grade_project(req):
         )
     finally:
         sys.stdout, sys.stderr = real_stdout, real_stderr
+    changed = sorted(rel for rel, content in req["files"].items()
+                     if _read_source(workdir, rel) != content.encode("utf-8"))
     os.chdir("/")
     shutil.rmtree(workdir, ignore_errors=True)
+    if changed:
+        return {"error": "test files changed while the tests ran: " + ", ".join(changed),
+                "log_tail": sink.text[-4000:]}
     return {"outcomes": recorder.outcomes, "exit": int(code), "log_tail": sink.text[-4000:]}
 
 
@@ -226,7 +341,7 @@ def _strip(path):
 
 _TEST_LIKE = re.compile(
     r"(^|/)(tests?|testing)/|(^|/)test_[^/]*\.py$|_tests?\.py$|(^|/)conftest\.py$"
-    r"|(^|/)(pytest\.ini|tox\.ini|setup\.cfg|pyproject\.toml)$"
+    r"|(^|/)(\.?pytest\.ini|\.?pytest\.toml|tox\.ini|setup\.cfg|pyproject\.toml)$"
 )
 
 
@@ -260,12 +375,58 @@ def _same(a, b):
         return fa.read() == fb.read()
 
 
+def _shadows(name):
+    """Whether a top-level module ``name`` exists outside the working directory (so a file of
+    that name in it would be imported instead, by ``python -m pytest`` for one)."""
+    import importlib.util
+
+    if name in sys.builtin_module_names:
+        return False
+    kept = sys.path[:]
+    sys.path[:] = [p for p in kept if p not in ("", ".", os.getcwd())]
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+    finally:
+        sys.path[:] = kept
+
+
+_MODULE_FILE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\.[^/]*)?\.(py|pyc|so|pyd)$")
+
+
+def _unhide(root, pristine, original):
+    """Removes what the untouched copy lacks and would hide files from the restore walk or
+    shadow installed modules: symlinks to directories, and top-level modules or regular
+    packages named like an installed or standard module. Returns how many."""
+    removed = 0
+    links = {rel for rel in original if os.path.islink(os.path.join(pristine, rel))}
+    for rel in sorted(_tree(root)):
+        here = os.path.join(root, rel)
+        if rel not in links and os.path.islink(here) and os.path.isdir(here):
+            _remove(here)
+            removed += 1
+    for name in sorted(os.listdir(root)):
+        here = os.path.join(root, name)
+        if os.path.lexists(os.path.join(pristine, name)):
+            continue
+        match = _MODULE_FILE.match(name)
+        module = match.group(1) if match and not os.path.isdir(here) else None
+        if (os.path.isdir(here) and re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name)
+                and any(f.startswith("__init__.") for f in os.listdir(here))):
+            module = name  # a regular package (a plain folder does not shadow one)
+        if module is not None and _shadows(module):
+            _remove(here)
+            removed += 1
+    return removed
+
+
 def swebench(req):
     """``swebench`` mode (see the module docstring)."""
     root, pristine = req["root"], req["pristine"]
     original = _tree(pristine)
     touched = set(req["touched"])
-    restored = 0
+    restored = _unhide(root, pristine, original)
     for rel in sorted(_tree(root) | original):
         if not (_TEST_LIKE.search(rel) or rel in touched):
             continue
@@ -321,8 +482,9 @@ def main():
         answer.update(grade_project(req))
     elif req["mode"] == "swebench":
         answer.update(swebench(req))
-    sys.__stdout__.write(MARKER + json.dumps(answer) + "\n")
+    sys.__stdout__.write(MARKER + str(req.get("nonce", "")) + " " + json.dumps(answer) + "\n")
     sys.__stdout__.flush()
+    os._exit(0)  # no exit handler or finalizer left by the graded code may print after this
 
 
 if __name__ == "__main__":

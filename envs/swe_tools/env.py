@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl import EpisodeState
-from agentrl.env import check_split
+from agentrl.env import TaskFields, check_split
 from agentrl.env.sandboxed import SandboxedToolEnv
 from agentrl.sandbox import Limits, Sandbox
 from agentrl.tools import ToolCall
@@ -71,7 +71,12 @@ class SweToolsEnv(SandboxedToolEnv):
     answers without a tool call: what the episode left running is killed, the project's source
     files are copied from the workspace into a fresh directory next to the *original* visible
     tests and the hidden tests (whatever the agent did to test files, ``conftest.py`` or pytest
-    configuration in the workspace is not used), and pytest runs them all there.
+    configuration in the workspace is not used), and pytest runs them all there. The source
+    files run inside that test process, so before the run they are screened: one that imports a
+    module its original does not, or uses more of the interpreter's introspection and process
+    hooks than the original (``sys.modules``, frames, ``gc``, ``getattr``, ``os._exit``, dunders
+    such as ``__globals__``...), is refused and the episode scores 0 (see
+    ``docs/grading-attacks.md``).
 
     Args:
         split: Tasks that ``reset()`` without a task draws from: ``train`` or ``test``.
@@ -99,6 +104,23 @@ class SweToolsEnv(SandboxedToolEnv):
 
     tools = (bash, editor, search, run_tests, submit)
     default_max_turns = 20
+    task_fields = TaskFields(
+        {"id": "the task's id",
+         "files": "the buggy project: path -> content",
+         "problem_statement": "the issue, as the user reports it",
+         "fix": "the reference fix: path, old and new text",
+         "visible_tests": "the test file the agent sees and may run",
+         "hidden_tests": "the grading tests: path -> content",
+         "test_ids": "the pytest ids that must pass"},
+        prompt="problem_statement",
+        example={"id": "my-task-1", "files": {"mod.py": "def double(x):\n    return x + x + 1\n",
+                                              "tests/test_visible.py": "from mod import double\n"},
+                 "problem_statement": "double(2) returns 5, not 4.",
+                 "fix": {"path": "mod.py", "old": "x + x + 1", "new": "x + x"},
+                 "visible_tests": "tests/test_visible.py",
+                 "hidden_tests": {"tests/test_hidden.py": "from mod import double\n\n"
+                                  "def test_double():\n    assert double(2) == 4\n"},
+                 "test_ids": ["tests/test_hidden.py::test_double"]})
     default_limits = Limits(timeout_s=120, memory_mb=2048, cpu_s=300)
 
     def __init__(
@@ -285,13 +307,19 @@ async def grade_task(sandbox: Sandbox, task: Mapping[str, Any], timeout: float) 
     """Grades a swe-tools task in ``sandbox`` (see :class:`SweToolsEnv`)."""
     originals = {p: c for p, c in task["files"].items() if not _is_source(p, task)}
     hidden = dict(task["hidden_tests"])
+    sources = [p for p in task["files"] if _is_source(p, task)]
+    fix = task["fix"]
+    texts = {p: [task["files"][p]] for p in sources}
+    if fix["path"] in texts:
+        texts[fix["path"]].append(task["files"][fix["path"]].replace(fix["old"], fix["new"], 1))
     return await grading.grade_project(
         sandbox,
-        sources=[p for p in task["files"] if _is_source(p, task)],
+        sources=sources,
         files={**originals, **hidden},
         targets=sorted({task["visible_tests"], *hidden}),
         expected=task["test_ids"],
         timeout=timeout,
+        originals=texts,
     )
 
 

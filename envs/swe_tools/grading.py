@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,16 @@ GRADER_SOURCE = Path(__file__).with_name("_grader.py").read_text(encoding="utf-8
 MARKER = "__agentrl_grade__ "
 GRADER_ENV = {"PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
 """The tests ran with hash seed 0 when the tasks were generated; grading matches that."""
+BOOTSTRAP = (
+    "import sys\n"
+    "if sys.path[:1] == ['']:\n"
+    "    del sys.path[0]\n"
+    "exec(compile(sys.argv[1], '_grader.py', 'exec'), {'__name__': '__main__'})\n"
+)
+"""What ``python3 -s -c`` runs: it drops the working directory (the agent's workspace) that
+``-c`` puts first on ``sys.path``, then runs the grader given as the first argument. ``-P``
+would do the first part, but only Python 3.11 and later know it, and SWE-bench images often
+have older ones."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,14 +56,26 @@ class GradeResult:
 
 async def run_grader(sandbox: Sandbox, request: Mapping[str, Any], timeout: float) -> dict[str, Any]:
     """Runs the in-sandbox grader with ``request``; returns its answer (``error`` set when it
-    produced none)."""
+    produced none).
+
+    The answer counts only when the grader exited 0 within ``timeout`` and its last line is
+    the answer line with this run's nonce (drawn here, sent on stdin): a line the graded code
+    printed, before or after, or in a run it cut short, is not taken.
+    """
+    nonce = secrets.token_hex(16)
     result = await sandbox.exec(
-        ["python3", "-s", "-P", "-c", GRADER_SOURCE], stdin=json.dumps(request),
+        ["python3", "-s", "-c", BOOTSTRAP, GRADER_SOURCE], stdin=json.dumps({**request, "nonce": nonce}),
         timeout=timeout, env=GRADER_ENV,
     )
-    for line in reversed(result.stdout.splitlines()):
-        if line.startswith(MARKER):
-            return json.loads(line[len(MARKER):])
+    lines = result.stdout.rstrip("\n").splitlines()
+    prefix = f"{MARKER}{nonce} "
+    if result.ok and lines and lines[-1].startswith(prefix):
+        try:
+            answer = json.loads(lines[-1][len(prefix):])
+        except ValueError:
+            answer = None
+        if isinstance(answer, dict):
+            return answer
     reason = "timed out" if result.timed_out else f"exit code {result.exit_code}"
     return {"error": f"grader {reason}: {(result.stderr or result.stdout)[-2000:]}"}
 
@@ -70,12 +93,20 @@ async def grade_project(
     targets: Sequence[str],
     expected: Sequence[str],
     timeout: float,
+    originals: Mapping[str, Sequence[str]] | None = None,
 ) -> GradeResult:
     """Grades a swe-tools project in a fresh copy: the agent's ``sources`` plus the original
-    ``files`` (tests, config), pytest on ``targets``; ``expected`` ids must pass."""
+    ``files`` (tests, config), pytest on ``targets``; ``expected`` ids must pass.
+
+    ``originals`` maps a source to the task's texts of it (as given, and fixed): the agent's
+    version may not add imports or uses of the interpreter's introspection and process hooks
+    that none of those has (see :func:`._grader.screen_source`); a refused source is an error.
+    Sources it does not list are not screened.
+    """
     answer = await run_grader(sandbox, {
         "mode": "project", "root": WORKSPACE, "sources": list(sources), "files": dict(files),
         "targets": list(targets),
+        "originals": {path: list(texts) for path, texts in (originals or {}).items()},
     }, timeout)
     if "error" in answer:
         return GradeResult(frozenset(), tuple(expected), answer["error"], answer)

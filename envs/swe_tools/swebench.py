@@ -8,14 +8,24 @@ the repository at ``repo_path``, ``/testbed`` by default). Optional: ``test_cmd`
 the files ``test_patch`` touches, as the official harness does).
 
 The sandbox's root file system is read-only, so an episode starts by copying the repository
-into the writable workspace (``/workspace``), where the agent works. Grading follows the
+into the writable workspace (``/workspace``), where the agent works. By default
+(``hide_git_history=True``) the agent sees no history beyond the base commit: the image's
+``repo_path/.git`` is hidden under an empty folder, and the workspace gets a fresh git
+repository whose one commit is the base tree (an image's history can hold the fix itself: a
+later commit, a branch, a tag, the reflog). Grading follows the
 official harness: the files ``test_patch`` touches are reset, ``test_patch`` is applied, the
 test command runs, and its ``-rA`` report is parsed; reward 1.0 only when every FAIL_TO_PASS
 test and every PASS_TO_PASS test passed (``PASSED`` or ``XFAIL``). Before that, what the
 episode left running is killed, and every test file and pytest-configuration file
-(``conftest.py``, ``pytest.ini``, ``tox.ini``, ``setup.cfg``, ``pyproject.toml``) of the
-workspace is put back as it is in the image's untouched ``repo_path`` (new ones deleted), so
-editing tests never earns reward.
+(``conftest.py``, ``pytest.ini``, ``.pytest.ini``, ``pytest.toml``, ``tox.ini``,
+``setup.cfg``, ``pyproject.toml``) of the workspace is put back as it is in the image's
+untouched ``repo_path`` (new ones deleted), so editing tests never earns reward; new symlinks
+to directories and new top-level modules that shadow installed ones (a ``pytest.py``) are
+deleted, and the test command runs without the user site (``$HOME`` is the workspace).
+
+What this cannot prevent: the repository's own code runs inside the test process, so code the
+agent writes there can rewrite pytest's report from inside (the official harness has the same
+limit); see ``docs/grading-attacks.md``.
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl import EpisodeState
-from agentrl.env import check_split
+from agentrl.env import TaskFields, check_split
 from agentrl.env.sandboxed import SandboxedToolEnv
 from agentrl.sandbox import WORKSPACE, Limits, Sandbox, SandboxError
 from agentrl.tools import ToolCall
@@ -43,7 +53,16 @@ DEFAULT_TEST_CMD = "python3 -m pytest -rA -p no:cacheprovider"
 REQUIRED = ("instance_id", "base_commit", "problem_statement", "patch", "test_patch",
             "FAIL_TO_PASS", "PASS_TO_PASS")
 PASSING = ("PASSED", "XFAIL")
+TEST_ENV = {"PYTHONNOUSERSITE": "1"}
+"""Environment of the grading test run: no user site (``$HOME`` is the workspace)."""
 _STATUSES = ("PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL", "XPASS")
+FRESH_HISTORY = (
+    "rm -rf .git && if command -v git >/dev/null 2>&1; then "
+    "git -c init.defaultBranch=main init -q && git add -A && "
+    "git -c user.name=agentrl -c user.email=agentrl@localhost -c commit.gpgsign=false "
+    "commit -q --no-verify --allow-empty -m 'The repository at its base commit'; fi"
+)
+"""Replaces the workspace's git repository by one whose only commit is the tree as copied."""
 
 SYSTEM_PROMPT = """\
 You are a software engineer resolving an issue in the repository in /workspace (your working \
@@ -93,11 +112,22 @@ class SweBenchEnv(SandboxedToolEnv):
         instances_path: A JSON or JSONL file of rows (instead of ``instances``).
         repo_path: Where the images hold the repository.
         test_timeout: Seconds the grading test run may take.
+        hide_git_history: Hide the image's ``repo_path/.git`` (an empty folder is mounted
+            over it) and give the workspace a fresh repository with the base tree as its only
+            commit, so later commits, branches, tags or the reflog of the image cannot hand
+            the agent the fix. ``False`` keeps the image's history as it is.
         **kwargs: Passed to :class:`agentrl.env.SandboxedToolEnv`; the backend must be docker.
     """
 
     tools = (bash, editor, search, run_tests, submit)
     default_max_turns = 30
+    task_fields = TaskFields(
+        {"instance_id": "the SWE-bench instance id", "problem_statement": "the issue",
+         "base_commit": "the commit the issue is against", "patch": "the reference fix (a diff)",
+         "test_patch": "the tests added with the fix (a diff)",
+         "FAIL_TO_PASS": "the tests the fix makes pass", "PASS_TO_PASS": "the tests that must keep passing",
+         "image": "the instance's Docker image"},
+        prompt="problem_statement")
     default_limits = Limits(timeout_s=300, memory_mb=4096, cpu_s=1800, pids=512,
                             workspace_mb=4096, file_size_mb=512)
 
@@ -108,6 +138,7 @@ class SweBenchEnv(SandboxedToolEnv):
         instances_path: str | Path | None = None,
         repo_path: str = "/testbed",
         test_timeout: float = 1800,
+        hide_git_history: bool = True,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("sandbox", "docker")
@@ -127,6 +158,7 @@ class SweBenchEnv(SandboxedToolEnv):
         self.instances = [dict(r) for r in rows]
         self.repo_path = repo_path
         self.test_timeout = test_timeout
+        self.hide_git_history = hide_git_history
         self.last_report: dict[str, Any] | None = None
 
     def task_set(self, split: str = "test", limit: int | None = None) -> list[dict[str, Any]]:
@@ -148,15 +180,26 @@ class SweBenchEnv(SandboxedToolEnv):
         return self.instances[int(self.np_random.integers(len(self.instances)))]
 
     def sandbox_options_for(self, task: Mapping[str, Any]) -> Mapping[str, Any]:
-        """The instance's image (one pool per image; all share ``max_concurrent_sandboxes``)."""
-        return {**self.sandbox_options, "image": task["image"]}
+        """The instance's image (one pool per image; all share ``max_concurrent_sandboxes``),
+        with an empty folder over the image's ``repo_path/.git`` unless ``hide_git_history``
+        is off."""
+        options: dict[str, Any] = {**self.sandbox_options, "image": task["image"]}
+        if self.hide_git_history:
+            git = self.repo_path.rstrip("/") + "/.git"
+            options["private_dirs"] = {**options.get("private_dirs", {}), git: "ro"}
+        return options
 
     async def prepare_sandbox(self, sandbox: Sandbox, task: Mapping[str, Any]) -> None:
-        """Copies the repository from ``repo_path`` into the workspace."""
+        """Copies the repository from ``repo_path`` into the workspace (with
+        ``hide_git_history``, then makes its git history the base commit alone)."""
         src = shlex.quote(self.repo_path.rstrip("/") + "/.")
         copied = await sandbox.exec(f"cp -R {src} {WORKSPACE}/", timeout=600)
         if not copied.ok:
             raise SandboxError(f"cannot copy {self.repo_path} into the workspace: {copied.to_text()}")
+        if self.hide_git_history:
+            fresh = await sandbox.exec(FRESH_HISTORY, timeout=600)
+            if not fresh.ok:
+                raise SandboxError(f"cannot make the workspace's git history: {fresh.to_text()}")
 
     def make_prompt(self, task: Mapping[str, Any]) -> list[dict[str, Any]]:
         """System message (tools, rules) and the issue."""
@@ -190,7 +233,9 @@ class SweBenchEnv(SandboxedToolEnv):
             p for p in patched_paths(task["test_patch"]) if p.endswith(".py")
         ]
         command = f"{task.get('test_cmd') or DEFAULT_TEST_CMD} {' '.join(map(shlex.quote, directives))}"
-        result = await sandbox.exec(command, timeout=self.test_timeout)
+        # The workspace is the sandbox's HOME: without this, .pth files or a usercustomize.py
+        # under /workspace/.local would run inside the test process.
+        result = await sandbox.exec(command, timeout=self.test_timeout, env=TEST_ENV)
         statuses = parse_pytest_log(result.stdout)
         report["FAIL_TO_PASS"] = {t: statuses.get(t, "MISSING") for t in fail_to_pass}
         report["PASS_TO_PASS"] = {t: statuses.get(t, "MISSING") for t in pass_to_pass}

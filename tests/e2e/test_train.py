@@ -4,6 +4,7 @@ and flag errors that name the flag."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +40,7 @@ def test_the_main_job_on_the_embedded_default_calls_tools_and_learns(tmp_path):
     commands = [c for s in samples for c in s["metadata"].get("commands", [])]
     assert any(c.get("phase") == "tools" for c in commands), commands[:3]  # the model's calls ran there
     assert "success on the training tasks:" in done.stdout and "dead run" not in done.stderr
+    assert "Token authentication" not in done.stderr  # Ray's start-up notice is not printed
     assert (out / "checkpoints" / "latest").read_text().strip() == "rollout_00002"
     assert f"checkpoints {out}/checkpoints/" in done.stdout
 
@@ -79,6 +81,18 @@ def test_the_same_command_twice_runs_twice_and_load_of_a_run_folder_continues_it
     lines = (runs[0] / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["rollout_id"] for line in lines] == [0, 1]  # continued in place
     assert len([p for p in (tmp_path / "runs").iterdir() if not p.is_symlink()]) == 2
+
+
+def test_a_refused_start_leaves_nothing_behind(tmp_path):
+    (tmp_path / "badenv.py").write_text("raise ImportError('boom')\n")
+    (tmp_path / "empty.jsonl").write_text('{"text": "no question"}\n')
+    for flags in (["--env", "badenv:Thing"], ["--env", "calc", "--prompt-data", "empty.jsonl"]):
+        done = subprocess.run([sys.executable, str(REPO / "train.py"), *flags, "--num-rollout", "1"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "PYTHONPATH": str(tmp_path)})
+        assert done.returncode != 0 and "train.py: error:" in done.stderr, done.stderr[-2000:]
+        assert "Traceback" not in done.stderr
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["badenv.py", "empty.jsonl"]
 
 
 def test_sft_warm_start_then_rl_from_its_export(tmp_path):

@@ -441,7 +441,8 @@ def test_swebench_sandbox_is_made_from_the_instance_image() -> None:
            "test_patch": "", "FAIL_TO_PASS": "[]", "PASS_TO_PASS": "[]", "image": "img:one"}
     env = SweBenchEnv(instances=[row, {**row, "instance_id": "x__y-2", "image": "img:two"}],
                       sandbox="docker", sandbox_options={"docker_host": "unix:///run/d.sock"})
+    hidden = {"/testbed/.git": "ro"}  # the image's git history: it holds the fix
     assert [env.sandbox_options_for(r) for r in env.instances] == [
-        {"docker_host": "unix:///run/d.sock", "image": "img:one"},
-        {"docker_host": "unix:///run/d.sock", "image": "img:two"},
+        {"docker_host": "unix:///run/d.sock", "image": "img:one", "private_dirs": hidden},
+        {"docker_host": "unix:///run/d.sock", "image": "img:two", "private_dirs": hidden},
     ]
