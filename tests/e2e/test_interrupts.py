@@ -338,3 +338,40 @@ def test_a_signal_while_a_large_prompt_file_is_read_stops_the_run_there(tmp_path
     assert process.returncode == 130, stderr[-3000:]
     assert "train.py: interrupted by SIGINT during start-up" in stderr and "Traceback" not in stderr
     assert not (out / "run.json").exists()  # stopped inside the read, before the launch record
+
+
+COUNTING_RM = '''\
+import os
+
+
+def rm(args, sample):
+    with open(os.environ["AGENTRL_TEST_MARKS"], "a") as marks:
+        marks.write("graded\\n")
+    return float(len(sample.response) % 2)
+'''
+"""A reward that leaves one line per graded sample: once all are there, the rollout is over
+and the trainer's step is under way."""
+
+
+def test_a_signal_during_the_trainers_step_stops_the_run_within_seconds(tmp_path):
+    rm = tmp_path / "rm.py"
+    rm.write_text(COUNTING_RM)
+    marks = tmp_path / "marks.txt"
+    os.environ["AGENTRL_TEST_MARKS"] = str(marks)  # inherited by the run started below
+    try:
+        # 32 samples of up to 512 tokens, one optimizer step each: the step takes a while
+        run = train("--env", "calc", "--rollout-batch-size", "8", "--n-samples-per-prompt", "4",
+                    "--max-turns", "1", "--rollout-max-response-len", "512", "--custom-rm-path", str(rm),
+                    "--num-steps-per-rollout", "32", "--num-rollout", "1", "--no-progress",
+                    tmp_path=tmp_path)
+    finally:
+        del os.environ["AGENTRL_TEST_MARKS"]
+    run.wait_for(lambda: marks.is_file() and len(marks.read_text().splitlines()) >= 32, "the rollout's end")
+    time.sleep(1.0)  # 32 optimizer steps: the trainer is well inside them
+    run.signal(signal.SIGINT, group=True)
+    signalled = time.monotonic()
+    code, stderr = run.finish()
+    assert time.monotonic() - signalled < 30
+    assert code == 130, stderr[-3000:]
+    assert "train.py: interrupted by SIGINT during rollout 0 (training)" in stderr
+    assert "Traceback" not in stderr
