@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import shutil
 import sys
@@ -363,15 +364,27 @@ class RunChange:
 
         text = (f"success on the training tasks: {self.success_before:.3f} in {span(self.first)} -> "
                 f"{self.success_after:.3f} in {span(self.last)} "
-                f"({self.success_after - self.success_before:+.3f}"
+                f"({_change(self.success_before, self.success_after, self.episodes)}"
                 + (f", {self.episodes} episodes each" if self.episodes else "")
                 + f"); mean reward {self.reward_before:.3f} -> {self.reward_after:.3f}")
         if self.heldout_steps is not None:
             before, after = self.heldout_steps
             text += (f"\nsuccess on held-out tasks (eval pass@1, {self.heldout_episodes} episodes "
                      f"each): {self.heldout_before:.3f} at step {before} -> {self.heldout_after:.3f} "
-                     f"at step {after} ({self.heldout_after - self.heldout_before:+.3f})")
+                     f"at step {after} ({_change(self.heldout_before, self.heldout_after, self.heldout_episodes)})")
+        if self.episodes or self.heldout_episodes:
+            text += ("\n(+- is one standard error of the change from the episode counts alone: a "
+                     "change within about twice it can be chance)")
         return text
+
+
+def _change(before: float, after: float, episodes: int) -> str:
+    """``after - before`` with one standard error of that difference when ``episodes`` (behind
+    each figure) is known: two independent success rates, ``sqrt(p1 q1 / n + p2 q2 / n)``."""
+    if episodes <= 0:
+        return f"{after - before:+.3f}"
+    error = math.sqrt((before * (1 - before) + after * (1 - after)) / episodes)
+    return f"{after - before:+.3f} +- {error:.3f}"
 
 
 def _rows(path: Path, key: str) -> list[dict[str, Any]]:

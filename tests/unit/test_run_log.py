@@ -277,8 +277,12 @@ def test_the_change_compares_the_first_rollouts_with_the_last(tmp_path: Path) ->
                                  "rollout/reward_mean": success})
     with log.metrics_path.open("a") as f:
         f.write('{"rollout_id": 7, "rollout/succ')  # a line a kill cut in half is left out
-    assert str(log.change()) == ("success on the training tasks: 0.167 in rollouts 0-2 -> 0.667 in "
-                                 "rollouts 4-6 (+0.500, 12 episodes each); mean reward 0.167 -> 0.667")
+    # +- by hand: sqrt((1/6 * 5/6 + 2/3 * 1/3) / 12) = sqrt(0.36111 / 12) = 0.173
+    assert str(log.change()).splitlines() == [
+        "success on the training tasks: 0.167 in rollouts 0-2 -> 0.667 in rollouts 4-6 (+0.500 +- "
+        "0.173, 12 episodes each); mean reward 0.167 -> 0.667",
+        "(+- is one standard error of the change from the episode counts alone: a change within "
+        "about twice it can be chance)"]
     change = run_change(log.metrics_path)  # the same numbers, for a script that reads a finished run
     assert change == log.change() and change.first == (0, 1, 2) and change.last == (4, 5, 6)
     assert change.success_after - change.success_before == pytest.approx(0.5)
@@ -290,8 +294,10 @@ def test_the_change_of_a_two_rollout_run_compares_one_with_one(tmp_path: Path) -
     log.metrics(0, {**FLAT, "rollout/success_rate": 0.0})
     assert log.change() is None
     log.metrics(1, {**LEARNING, "rollout/success_rate": 0.5, "rollout/reward_mean": 0.5})
-    assert str(log.change()) == ("success on the training tasks: 0.000 in rollout 0 -> 0.500 in "
-                                 "rollout 1 (+0.500, 4 episodes each); mean reward 0.000 -> 0.500")
+    # sqrt((0 + 0.5 * 0.5) / 4) = 0.25: with 4 episodes a change of 0.5 is two errors
+    assert str(log.change()).splitlines()[0] == ("success on the training tasks: 0.000 in rollout 0 -> "
+                                                 "0.500 in rollout 1 (+0.500 +- 0.250, 4 episodes "
+                                                 "each); mean reward 0.000 -> 0.500")
     log.close()
 
 
@@ -306,5 +312,5 @@ def test_the_change_adds_held_out_success_from_the_first_and_last_evaluation(tmp
     assert change.heldout_steps == (0, 2) and change.heldout_episodes == 16
     assert (change.heldout_before, change.heldout_after) == (0.5, 0.75)  # the mean over the sets
     assert str(change).splitlines()[1] == ("success on held-out tasks (eval pass@1, 16 episodes each): "
-                                           "0.500 at step 0 -> 0.750 at step 2 (+0.250)")
+                                           "0.500 at step 0 -> 0.750 at step 2 (+0.250 +- 0.165)")
     log.close()
