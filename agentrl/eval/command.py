@@ -142,11 +142,11 @@ def parse_eval_config(namespace: argparse.Namespace) -> tuple[RolloutConfig, Eva
             raise ConfigError(f"agentrl eval --rollout-backend {rollout.rollout_backend} plays "
                               "against servers you started: give their --rollout-engine-urls "
                               "(train.py is what launches servers itself)")
-    if rollout.has_agent:  # a black-box agent plays against the model, through the gateway
-        if evaluation.policy not in ("oracle", "model"):
-            raise ConfigError(f"--agent / --agent-command play against the model (--hf-checkpoint) "
-                              f"through agentrl's gateway; drop --policy {evaluation.policy}")
-        evaluation = dataclasses.replace(evaluation, policy="model")
+    if rollout.has_agent and evaluation.policy == "openai":
+        raise ConfigError("--agent / --agent-command play through agentrl's gateway against "
+                          "--policy model (the --hf-checkpoint), oracle or null (the env's scripted "
+                          "policies answer as the model); --policy openai is a server of its own: "
+                          "point your agent at it directly")
     return rollout, evaluation
 
 
@@ -180,14 +180,17 @@ async def _play_sets(rollout: RolloutConfig, evaluation: EvalConfig, envs: Any, 
     client = None
     ctx = None
     try:
-        if evaluation.policy == "model":  # started as train.py starts it
+        if evaluation.policy == "model" or rollout.has_agent:  # started as train.py starts it
+            # (a scripted policy answering an agent still needs the model's tokenizer and template)
             engine = await serve_policy(rollout, ClusterConfig(use_ray=False), policy_checkpoint(rollout))
-            ctx = make_rollout_context(rollout, engine, envs)
+            scripted = SCRIPTED_POLICIES.get(evaluation.policy)
+            ctx = make_rollout_context(rollout, engine, envs, agent_model=scripted)
             label = f"model:{rollout.hf_checkpoint or 'tiny'}"
             if rollout.rollout_backend != "embedded":
                 label += f" on {rollout.rollout_backend} {','.join(rollout.rollout_engine_urls)}"
             if ctx.agents is not None:
-                label = f"agent:{ctx.agents.agent.name} on {label}"
+                on = evaluation.policy if scripted is not None else label
+                label = f"agent:{ctx.agents.agent.name} on {on}"
         elif evaluation.policy == "openai":
             client = openai_turns(rollout, evaluation)
             ctx = scripted_context(rollout, client, envs)

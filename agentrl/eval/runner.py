@@ -216,6 +216,9 @@ def write_episodes(path: str | Path, groups: Sequence[Sequence[Sample]]) -> None
                     "cut_messages": meta.get("cut_messages", []),
                     "grade": meta.get("grade"), "commands": meta.get("commands", []),
                 }
+                for key in ("agent_metrics", "gateway", "segments"):  # a black-box agent's episode
+                    if key in meta:
+                        record[key] = meta[key]
                 if s.tokens:  # a model played it: the token stream, as a trajectory file has it
                     record["trajectory"] = {
                         "tokens": s.tokens, "response_length": s.response_length,

@@ -43,6 +43,7 @@ from agentrl.env import ToolEnv, as_reward
 from agentrl.errors import AgentRLError, PluginError
 from agentrl.gateway.server import Gateway
 from agentrl.plugins import load_plugin
+from agentrl.rollout.episode import Policy, action_text
 from agentrl.rollout.sample import Sample, Status
 from agentrl.sandbox.base import Limits
 from agentrl.sandbox.local import ProcessSandbox
@@ -86,8 +87,17 @@ class AgentEndpoint:
     env: ToolEnv | None = dataclasses.field(default=None, repr=False)
 
     async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> str:
-        """Runs one of the env's tools in this episode (its state and sandbox); a tool error
-        comes back as text, as the model would see it.
+        """Runs one of the env's tools in this episode (its state and sandbox), as the env would
+        run the model's call: ``await endpoint.call_tool("calculator", {"expression": "2+3"})``.
+        A coroutine: await it on the episode's loop (:attr:`loop`; from a thread, use
+        ``asyncio.run_coroutine_threadsafe(..., endpoint.loop)``).
+
+        Returns:
+            The tool's result as the text a ``role: tool`` message would carry; a failed call
+            (unknown tool, arguments that break its schema, a timeout, an exception in the tool)
+            comes back as ``Error (<kind>): ...`` text, never raised. The call is not a turn of
+            the episode: the episode's tool calls (``rollout/tool_calls``) are the calls in the
+            model's replies that the gateway returned to the agent.
 
         Raises:
             AgentError: The env has no tools (no ``--env``).
@@ -224,14 +234,15 @@ def _score(value: Any, sample: Sample, agent: BlackBoxAgent) -> float | None:
 
 async def play_agent_episode(agent: BlackBoxAgent, episode: Any, gateway: Any, *,
                              sampling: Any, segments: str, timeout_s: float, evaluation: bool,
-                             custom_rm: bool) -> list[Sample]:
+                             custom_rm: bool, model: Policy | None = None) -> list[Sample]:
     """Plays ``episode`` (an :class:`~agentrl.rollout.episode.Episode`, not started) with
     ``agent`` through a new session of ``gateway``.
 
     The env is reset with the sample's task first (its sandbox is the agent's). The sample
     becomes the session's trained segment; with ``segments="all"`` the earlier segments come
     back too, as more samples of the group. Failures of the agent fail the sample; they never
-    raise.
+    raise. ``model``, when given, is a scripted policy (the env's oracle) that answers the
+    agent's requests instead of the engine: ``model(env, task, messages)``.
 
     Returns:
         The episode's samples: ``episode.sample`` first.
@@ -246,9 +257,15 @@ async def play_agent_episode(agent: BlackBoxAgent, episode: Any, gateway: Any, *
     if episode.done:  # the prompt does not fit the context (skipped)
         await episode.close()
         return [sample]
-    session = gateway.open_session(episode.rid, sampling=sampling, client_sampling=evaluation,
-                                   stopping=episode.ctx.stopping)
     env = episode.env
+    respond = None
+    if model is not None and env is not None and env.state is not None:
+        task_row = env.state.task
+
+        def respond(messages: list[dict[str, Any]]) -> str:
+            return action_text(env, model(env, task_row, messages))
+    session = gateway.open_session(episode.rid, sampling=sampling, client_sampling=evaluation,
+                                   stopping=episode.ctx.stopping, respond=respond)
     task = dict(env.state.task) if env is not None and env.state is not None else {
         "prompt": sample.prompt, "label": sample.label, **sample.metadata.get("task", {})}
     endpoint = AgentEndpoint(gateway.base_url(session), session.key, gateway.model,
@@ -284,8 +301,8 @@ async def play_agent_episode(agent: BlackBoxAgent, episode: Any, gateway: Any, *
             _adopt(sample, out[-1])
         if outcome[0] is not Status.FAILED:
             episode.finish(*outcome)
-            if evaluation:
-                sample.metadata["messages"] = session.last_messages
+            # the whole conversation, in training as in evaluation (the viewer shows the replies)
+            sample.metadata["messages"] = session.last_messages
             own = sample.metadata.get("segment")
             sample.metadata["turns"] = (session.segments[own].calls if own is not None
                                         else len(session.calls))
@@ -333,11 +350,15 @@ class AgentPlayer:
         engine: The policy engine.
         renderer: Its chat renderer.
         max_context_len: Tokens per sample.
+        model: A scripted policy that answers the agent instead of the engine (``agentrl eval
+            --agent ... --policy oracle``: the env's oracle plays the model, to try an agent's
+            tool loop on tasks it can solve); ``None``: the engine's model answers.
     """
 
     def __init__(self, agent: BlackBoxAgent, config: Any, engine: Any, renderer: Any,
-                 max_context_len: int) -> None:
+                 max_context_len: int, model: Policy | None = None) -> None:
         self.agent = agent
+        self.model = model
         self.config = config
         self.engine = engine
         self.renderer = renderer
@@ -357,7 +378,7 @@ class AgentPlayer:
         return await play_agent_episode(
             self.agent, episode, self.gateway, sampling=episode.ctx.sampling,
             segments=config.gateway_segments, timeout_s=config.agent_timeout,
-            evaluation=evaluation, custom_rm=config.custom_rm_path is not None)
+            evaluation=evaluation, custom_rm=config.custom_rm_path is not None, model=self.model)
 
     async def aclose(self) -> None:
         """Stops the gateway (every open session is closed)."""

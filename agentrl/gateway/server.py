@@ -120,8 +120,8 @@ class Gateway:
     # -- sessions ----------------------------------------------------------------------------
 
     def open_session(self, rid: str, *, sampling: SamplingParams | None = None,
-                     client_sampling: bool = False,
-                     stopping: threading.Event | None = None) -> Session:
+                     client_sampling: bool = False, stopping: threading.Event | None = None,
+                     respond: Callable[[list[dict[str, Any]]], str] | None = None) -> Session:
         """A new session for the episode whose requests are ``rid``-prefixed.
 
         Args:
@@ -129,11 +129,12 @@ class Gateway:
             sampling: This session's sampling (default: the gateway's), e.g. an evaluation's.
             client_sampling: Honour the client's temperature and top_p (evaluation).
             stopping: The rollout's stop flag (see :class:`Session`).
+            respond: A scripted model that answers instead of the engine (see :class:`Session`).
         """
         key = f"agentrl-{secrets.token_urlsafe(18)}"
         session = Session(key, self.engine, self.renderer, sampling or self.sampling,
                           self.max_context_len, rid=rid, seed=self.seed,
-                          client_sampling=client_sampling, stopping=stopping)
+                          client_sampling=client_sampling, stopping=stopping, respond=respond)
         self.sessions[key] = session
         return session
 

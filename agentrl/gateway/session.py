@@ -44,7 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from agentrl.chat import ChatRenderer
-from agentrl.engine.base import Engine, SamplingParams
+from agentrl.engine.base import Engine, GenerateOutput, SamplingParams
 from agentrl.errors import ToolCallParseError
 from agentrl.gateway.protocol import (
     APIError,
@@ -159,12 +159,18 @@ class Session:
             (training): the run's sampling applies, as the trainer's log-probs assume it.
         stopping: The rollout's stop flag: once set, a request the engine aborts (and any new
             one) ends the session (``stopped``) instead of being resumed.
+        respond: A scripted model instead of the engine for chat requests: called with the
+            request's messages (template form), it returns the reply as raw model text (tool
+            calls in the run's format), which is tokenized and served as if sampled (log-probs
+            0). ``agentrl eval --agent ... --policy oracle`` lets the env's oracle play the model.
     """
 
     def __init__(self, key: str, engine: Engine, renderer: ChatRenderer, sampling: SamplingParams,
                  max_context_len: int, *, rid: str, seed: int | None = None,
-                 client_sampling: bool = False, stopping: threading.Event | None = None) -> None:
+                 client_sampling: bool = False, stopping: threading.Event | None = None,
+                 respond: Callable[[list[dict[str, Any]]], str] | None = None) -> None:
         self.key = key
+        self.respond = respond
         self.engine = engine
         self.renderer = renderer
         self.sampling = sampling
@@ -206,13 +212,19 @@ class Session:
 
         def choice(prompt: _State, trajectory: Trajectory) -> tuple[Choice, _State]:
             made, message = self._chat_choice(trajectory, request)
+            # the calls the client gets back, counted as the turn's tool calls (rollout/tool_calls)
+            trajectory.sample.turns[-1].tool_names = [
+                c["function"]["name"] for c in message.get("tool_calls") or ()]
             return made, _State(prompt.segment, [*keys, message_key(message)],
                                 [*messages, _template_assistant(message)], tools_key,
                                 trajectory.sample, is_prompt=False,
                                 reply=str(message.get("content") or ""))
 
+        engine = self.engine
+        if self.respond is not None:  # the scripted model's reply, the same for every choice
+            engine = _Scripted(self.renderer.encode(self.respond(messages)) + self._eot_ids, engine)
         return await self._serve(request, lambda: self._prompt_state(keys, messages, tools, tools_key),
-                                 choice)
+                                 choice, engine)
 
     async def complete(self, request: CompletionRequest) -> tuple[list[tuple[str, str, Choice]], int]:
         """Serves a (legacy) completions request: a prompt that extends a previous prompt and
@@ -234,8 +246,8 @@ class Session:
         return await self._serve(request, lambda: self._completion_state(request.prompt), choice)
 
     async def _serve(self, request: ChatRequest | CompletionRequest, make_prompt: Callable[[], _State],
-                     make_choice: Callable[[_State, Trajectory], tuple[T, _State]]
-                     ) -> tuple[list[T], int]:
+                     make_choice: Callable[[_State, Trajectory], tuple[T, _State]],
+                     engine: Any = None) -> tuple[list[T], int]:
         """One request, alone in the session: its prompt state, its choices generated, each
         choice recorded as a state; the last segment's final state is the first choice."""
         async with self._lock:
@@ -244,7 +256,7 @@ class Session:
             prompt = make_prompt()
             record = self._record(prompt)
             started = time.perf_counter()
-            outs = await self._choices(prompt, request, mark)
+            outs = await self._choices(prompt, request, mark, engine or self.engine)
             record.latency_s = time.perf_counter() - started
             results, choices = [], []
             for i, trajectory in enumerate(outs):
@@ -336,11 +348,11 @@ class Session:
         return len(self._states), len(self.segments), len(self.calls)
 
     async def _choices(self, prompt: _State, request: ChatRequest | CompletionRequest,
-                       mark: tuple[int, int, int]) -> list[Trajectory]:
+                       mark: tuple[int, int, int], engine: Any) -> list[Trajectory]:
         """Generates the request's choices; a failed or cancelled call (a client that went
         away) leaves the session as it was before it."""
         try:
-            return list(await asyncio.gather(*(self._generate(prompt, request, i)
+            return list(await asyncio.gather(*(self._generate(prompt, request, i, engine)
                                                for i in range(request.n))))
         except BaseException:
             states, segments, calls = mark
@@ -497,14 +509,14 @@ class Session:
         return run.replace(**changes)
 
     async def _generate(self, prompt: _State, request: ChatRequest | CompletionRequest,
-                        choice: int) -> Trajectory:
+                        choice: int, engine: Any) -> Trajectory:
         sample = _copy(prompt.sample)
         trajectory = Trajectory(sample, self.renderer, self.max_context_len)
         params = self._params(request, choice, trajectory.budget)
         for _ in range(ABORT_RETRIES):
             rid = f"{self.rid}-t{self._requests}"
             self._requests += 1
-            out = await trajectory.generate(self.engine, params, rid, seed=self.seed)
+            out = await trajectory.generate(engine, params, rid, seed=self.seed)
             if out is None:  # the budget was checked: only a full context gets here
                 raise self._too_long(len(sample.tokens))
             if out.finish_reason != "abort":
@@ -561,3 +573,19 @@ class Session:
 
 def _template_assistant(message: Mapping[str, Any]) -> dict[str, Any]:
     return template_messages([message])[0]
+
+
+class _Scripted:
+    """A scripted model's one reply, served through the engine interface a trajectory uses:
+    ``ids`` (cut at the turn's token budget), log-probs 0, the engine's weight version."""
+
+    def __init__(self, ids: list[int], engine: Engine) -> None:
+        self.ids = ids
+        self.weight_version = engine.weight_version
+
+    async def generate(self, input_ids: list[int], sampling: SamplingParams, rid: str | None = None
+                       ) -> GenerateOutput:
+        ids = self.ids[: sampling.max_new_tokens]
+        finish = "stop" if len(ids) == len(self.ids) else "length"
+        return GenerateOutput(ids, [0.0] * len(ids), finish, self.weight_version, len(input_ids))
+

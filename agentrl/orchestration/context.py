@@ -12,14 +12,16 @@ from agentrl.errors import ConfigError
 from agentrl.gateway.agents import AgentPlayer, load_agent
 from agentrl.rollout.build import resolve, sampling_from_config
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.episode import RolloutContext
+from agentrl.rollout.episode import Policy, RolloutContext
 
 __all__ = ["make_rollout_context"]
 
 
-def make_rollout_context(config: RolloutConfig, engine: Engine, envs: EnvFactory | None
-                         ) -> RolloutContext:
-    """The shared context of a run's episodes, played by ``engine``.
+def make_rollout_context(config: RolloutConfig, engine: Engine, envs: EnvFactory | None, *,
+                         agent_model: Policy | None = None) -> RolloutContext:
+    """The shared context of a run's episodes, played by ``engine``; with a black-box agent,
+    ``agent_model`` (a scripted policy such as the env's oracle) may answer the agent instead of
+    the engine's model (``agentrl eval --agent ... --policy oracle``).
 
     Checks that the chat template is token-exact with the env's tools
     (``ChatRenderer.self_check``) and that the context length fits the engine (and, with
@@ -51,6 +53,6 @@ def make_rollout_context(config: RolloutConfig, engine: Engine, envs: EnvFactory
     if config.has_agent:  # a black-box agent plays every episode, through a gateway
         agent = load_agent(config.agent_function_path, config.agent_command, config.agent_timeout)
         assert agent is not None
-        agents = AgentPlayer(agent, config, engine, renderer, limit)
+        agents = AgentPlayer(agent, config, engine, renderer, limit, model=agent_model)
     return RolloutContext(config, engine, renderer, sampling_from_config(config, renderer), limit,
                           envs, agents=agents)

@@ -39,7 +39,7 @@ def test_agentrl_eval_runs_an_example_agent(tmp_path):
     env, agent = EXAMPLES["openai-sdk"]
     out = tmp_path / "eval.json"
     result = _run([sys.executable, "-m", "agentrl", "eval", "--env", env, "--agent",
-                   str(REPO / agent), "--limit", "1", "--max-response-len", "24",
+                   str(REPO / agent), "--policy", "model", "--limit", "1", "--max-response-len", "24",
                    "--output", str(out)], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(out.read_text())
@@ -48,6 +48,24 @@ def test_agentrl_eval_runs_an_example_agent(tmp_path):
     assert metrics["usage"]["completion_tokens"] > 0
     [episode] = [json.loads(line) for line in (tmp_path / "eval.episodes.jsonl").read_text().splitlines()]
     assert episode["finish"] == "agent" and episode["messages"] and episode["response_length"] > 0
+    assert episode["gateway"]["segments"] >= 1 and episode["segments"]  # recorded as training records it
+
+
+def test_the_envs_oracle_can_play_the_model_behind_an_agent(tmp_path):
+    """``--policy oracle`` with an agent: the env's scripted expert answers the agent's requests,
+    so an agent's tool loop can be tried on tasks it then solves, before any model is trained."""
+    env, agent = EXAMPLES["openai-sdk"]
+    out = tmp_path / "eval.json"
+    result = _run([sys.executable, "-m", "agentrl", "eval", "--env", env, "--agent",
+                   str(REPO / agent), "--policy", "oracle", "--limit", "3", "--output", str(out)], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(out.read_text())
+    metrics = summary["sets"][env]
+    assert summary["policy"].endswith(" on oracle") and metrics["success_rate"] == 1.0, metrics
+    assert metrics["tool_calls"] == 3  # one calculator call per episode, made by the agent
+    refused = _run([sys.executable, "-m", "agentrl", "eval", "--env", env, "--agent", str(REPO / agent),
+                    "--policy", "openai", "--base-url", "http://127.0.0.1:9/v1", "--model", "m"], tmp_path)
+    assert refused.returncode != 0 and "--policy openai is a server of its own" in refused.stderr
 
 
 @pytest.mark.parametrize("name", list(EXAMPLES))
@@ -78,3 +96,5 @@ def test_train_py_trains_on_the_example_agents_episodes(name, tmp_path):
     trajectories = (tmp_path / "run" / "trajectories" / "rollout_00000.jsonl").read_text().splitlines()
     sample = json.loads(trajectories[0])
     assert sample["metadata"]["finish"] == "agent" and sample["metadata"]["segments"]
+    # the conversation is kept in training too (the viewer shows the model's replies)
+    assert any(m["role"] == "assistant" for m in sample["metadata"]["messages"])

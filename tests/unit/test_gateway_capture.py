@@ -255,3 +255,21 @@ def test_a_prompt_longer_than_the_context_is_refused_and_changes_nothing(rendere
         asyncio.run(session.chat(_request([{"role": "user", "content": "word " * 400}])))
     assert info.value.code == "context_length_exceeded" and info.value.status == 400
     assert session.calls == [] and session.segments == []
+
+
+def test_a_scripted_model_answers_instead_of_the_engine(renderer):
+    engine = RandomTurns(renderer, 4)
+    seen = []
+
+    def respond(messages):
+        seen.append([m["role"] for m in messages])
+        return f"Answer: {len(messages)}"
+
+    session = Session("k", engine, renderer, SamplingParams(max_new_tokens=200), 6000, rid="o",
+                      respond=respond)
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    choices, _ = asyncio.run(session.chat(_request(messages)))
+    assert choices[0].message["content"] == "Answer: 2" and seen == [["system", "user"]]
+    assert engine.outputs == []  # the engine generated nothing
+    [sample] = session.samples(Sample(group_id=0))
+    assert sample.rollout_log_probs == [0.0] * sample.response_length and all(sample.loss_mask)
