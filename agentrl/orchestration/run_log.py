@@ -319,9 +319,12 @@ def _supersede_after(path: Path, key: str, first: int) -> None:
 
 SHOWN = ("rollout_id", "elapsed_s", "rollout/reward_mean", "rollout/success_rate",
          "rollout/completed", "rollout/truncated", "rollout/failed", "rollout/turns_mean",
-         "rollout/zero_std_groups", "train/loss", "train/sft_loss", "train/kl_loss",
-         "train/entropy", "train/grad_norm", "train/train_tokens_per_s")
-"""The metrics of the one-line console summary of each rollout."""
+         "rollout/zero_std_groups", "rollout/gateway/dropped_replies", "train/loss",
+         "train/sft_loss", "train/kl_loss", "train/entropy", "train/grad_norm",
+         "train/train_tokens_per_s", "async/staleness_mean", "async/staleness_max",
+         "async/trainer_wait_s", "async/groups_in_flight")
+"""The metrics of the one-line console summary of each rollout (those a run has: the async
+figures with ``--async-training``, the gateway's with a black-box agent)."""
 EVAL_SHOWN = ("n_prompts", "n_samples", "pass@1", "mean_reward")
 """The metrics printed for each eval set."""
 

@@ -37,7 +37,7 @@ def _run(argv: list[str], cwd: Path) -> None:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder with two tiny runs and one evaluation: ``sft`` (supervised on the oracle's calc
     demonstrations: multi-turn token streams with environment tokens), ``grpo`` (calc, rewards
-    with spread from a custom reward, an eval set every rollout) and ``ev/oracle.json``
+    with spread from a custom reward, an eval set every rollout, asynchronous) and ``ev/oracle.json``
     (swe-tools' oracle in bubblewrap: a grade and a sandbox command log)."""
     reason = backend_skip_reason("bwrap")
     if reason is not None:
@@ -49,7 +49,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
           "--output-dir", "sft"], root)
     _run([str(REPO / "train.py"), "--env", "calc", *TINY, "--n-samples-per-prompt", "2",
           "--custom-rm-path", str(rm), "--rollout-temperature", "1.0", "--eval-env", "calc",
-          "--eval-interval", "1", "--eval-max-prompts", "2", "--output-dir", "grpo"], root)
+          "--eval-interval", "1", "--eval-max-prompts", "2", "--async-training",
+          "--output-dir", "grpo"], root)
     _run(["-m", "agentrl", "eval", "--env", "swe-tools", "--policy", "oracle", "--limit", "2",
           "--env-kwarg", "sandbox=bwrap", "--output", "ev/oracle.json"], root)
     rm.unlink()
@@ -137,6 +138,9 @@ def test_the_overview_draws_one_point_per_logged_rollout(page, viewer, runs, sho
         points = page.locator(f"circle.pt[data-series='{key}']")
         assert points.count() == sum(key in m for m in metrics) == 2, key
     assert page.locator("figure[data-metric='eval/calc'] circle.pt").count() == len(evals) == 3
+    # an asynchronous run's figures have charts of their own
+    for key in ("async/staleness_max", "async/trainer_wait_s", "async/groups_in_flight"):
+        assert page.locator(f"circle.pt[data-series='{key}']").count() == sum(key in m for m in metrics) == 2, key
     stages = page.locator("figure[data-metric='time'] circle.pt[data-series='train']")
     assert stages.count() == len(metrics)
     assert "--custom-rm-path" in page.locator("#summary").inner_text()

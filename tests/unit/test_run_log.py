@@ -314,3 +314,14 @@ def test_the_change_adds_held_out_success_from_the_first_and_last_evaluation(tmp
     assert str(change).splitlines()[1] == ("success on held-out tasks (eval pass@1, 16 episodes each): "
                                            "0.500 at step 0 -> 0.750 at step 2 (+0.250 +- 0.165)")
     log.close()
+
+
+def test_the_console_line_shows_the_async_and_gateway_figures_a_run_has(tmp_path: Path, capsys) -> None:
+    log = RunLog(tmp_path / "run", use_tensorboard=False)
+    log.metrics(0, {**LEARNING, "async/staleness_mean": 0.5, "async/trainer_wait_s": 1.25,
+                    "rollout/gateway/dropped_replies": 2})
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "async/staleness_mean=0.5" in line and "async/trainer_wait_s=1.25" in line
+    assert "rollout/gateway/dropped_replies=2" in line
+    log.close()
+

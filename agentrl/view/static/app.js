@@ -116,6 +116,9 @@ const CHARTS = [
   ["Grad norm", (k) => k === "train/grad_norm"],
   ["Tokens per second", (k) => /tokens_per_s$/.test(k)],
   ["Agent sessions (gateway)", (k) => /^rollout\/gateway\//.test(k)],
+  ["Async: staleness (versions)", (k) => k === "async/staleness_mean" || k === "async/staleness_max"],
+  ["Async: trainer wait and admission (s)", (k) => k === "async/trainer_wait_s" || k === "async/admission_blocked_s"],
+  ["Async: groups in flight", (k) => k === "async/groups_in_flight" || k === "async/groups_ready"],
 ];
 const STAGES = ["rollout", "train", "weight_sync", "eval", "save"];
 
