@@ -5,6 +5,7 @@
 #   (make test also makes .venv-harbor, Python 3.12 with Harbor, see scripts/setup-harbor-check.sh)
 #   make lint   - ruff, and the layer contracts (import-linter, pyproject.toml)
 #   make bench  - the benchmarks in bench/
+#   make docs   - the documentation site (mkdocs.yml, docs/) built into site/, strictly
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -13,7 +14,7 @@ STAMP := $(VENV)/.installed
 
 VLLM_STAMP := $(VENV)/.vllm-installed
 
-.PHONY: setup system vllm demo test test-unit lint bench clean
+.PHONY: setup system vllm demo test test-unit lint bench docs clean
 
 setup: $(STAMP)
 
@@ -64,6 +65,11 @@ bench: setup system
 	$(PY) bench/swe_tools.py
 	$(PY) bench/harbor.py
 	$(PY) bench/viewer.py
+
+# --strict: a broken link or anchor, a page missing from the nav, or a docstring the API
+# reference cannot parse fails the build (docs/contributing.md).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .hypothesis

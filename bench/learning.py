@@ -10,7 +10,7 @@ model) and after the last; with the training tasks' success in the first and las
 each), as the run prints them. Ends with
 ``{"name": "demo_train_gain", ...}`` (the change on the training tasks, target > 0) and
 ``{"name": "demo_heldout_gain", ...}`` (reported; no target: the warm start memorised its train
-tasks, see the README).
+tasks, see docs/getting-started.md).
 
 ``calc``: the tiny model, SFT-warmed on ``calc`` oracle episodes, then trained with GRPO. Per seed:
 1. warm start: ``train.py --loss-type sft_loss`` on oracle demonstrations (``--sft-rollouts``

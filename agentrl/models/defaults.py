@@ -105,7 +105,7 @@ EMBEDDED_DEFAULTS: dict[str, EmbeddedDefault] = {
         checkpoint="swe-tools-warm-v1",
         env_kwarg=("level=located", "compact=true"),
         # 8 fixed train tasks x 4 samples at T=0.7, 8 rollouts at lr 1e-4, and 8 held-out tasks
-        # x 2 samples evaluated before and after: measured in the README's first section
+        # x 2 samples evaluated before and after: measured in docs/getting-started.md
         # (success on those tasks rising; T=1.0 starts at ~0.15 and GRPO's signal was lost in
         # noise, a task set drawn anew each rollout hid any change)
         flags={"max_turns": 5, "num_rollout": 8, "rollout_batch_size": 8,

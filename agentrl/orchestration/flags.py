@@ -36,8 +36,8 @@ class RunConfig:
     update_weights_interval: int = option(1, "push trainer weights to the engine every N rollouts")
     async_training: bool = option(False, "overlap rollouts and training: episodes go on running "
                                   "on the engines while the trainer trains on finished groups, "
-                                  "and weights are pushed to them in flight (see the README's "
-                                  "'Asynchronous training')")
+                                  "and weights are pushed to them in flight (see "
+                                  "docs/guides/async-training.md)")
     max_staleness: int = option(1, "with --async-training: no trained group's oldest token is "
                                 "more than this many weight versions behind the trainer (1: "
                                 "one-step-off; 0: on-policy); new groups wait to start, none is "

@@ -76,7 +76,7 @@ class RolloutConfig:
     hf_checkpoint: str | None = option(None, "Hugging Face model directory of the policy "
                                        "(default: the embedded default: swe-tools' shipped warm "
                                        "start for --env swe-tools, else the random built-in tiny "
-                                       "model; see the README's first section)")
+                                       "model; see docs/getting-started.md)")
     # data
     prompt_data: str | None = option(None, "JSONL or Parquet prompts (default with --env: the "
                                      "env's own train tasks)")

@@ -53,6 +53,8 @@ THIRD_PARTY = {
     "--no-deps",
     # ray start: how the sandbox nodes of --sandbox-placement ray join a cluster
     "--address", "--resources",
+    # git commit: swe-bench's one-commit history that replaces the image's (envs/swe_tools)
+    "--no-verify", "--allow-empty",
 }
 """Flags of programs we start or tell the user to run; each group says which program."""
 
