@@ -22,6 +22,10 @@ that the answer's code never runs in the process that decides the verdict:
 The tests, the prompt's helpers (``poly``, ``encode_cyclic``...) and the comparisons all run in
 the judge, which never imports or executes the answer's code: redefining a helper, patching
 builtins, tracing hooks, reading the marker or exiting early all stay in the candidate process.
+
+The file is sent whole and runs alone (``-I``: nothing of the sandbox is imported), so it cannot
+share code with swe-tools' grading program: its process helpers (``_ppid``, ``_is_holder``, the
+sweep of the sandbox's other processes) are that program's, written out again here.
 """
 
 import io
