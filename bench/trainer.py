@@ -1,8 +1,11 @@
 """Train-step throughput of the Megatron actor against plain torch on the same model and batch.
 
 One GRPO step (forward, per-token log-probs at the rollout temperature, clipped policy loss,
-backward, gradient clipping, Adam) on a batch of ``--samples`` sequences of ``--seq-len`` tokens,
-in ``--micro-batch-size`` micro-batches:
+backward, gradient clipping, Adam) on a batch of ``--samples`` sequences of up to ``--seq-len``
+tokens (``--lengths rl``, the default: prompt and response lengths vary as in a rollout batch,
+see :func:`make_samples`; ``fixed``: all ``--seq-len``), in ``--micro-batch-size``
+micro-batches; tokens/s counts real tokens, and ``padding_fraction`` the share of computed
+positions that are padding:
 
 * megatron: ``MegatronActor.train`` (megatron-core GPTModel, DDP, Megatron optimizer, our
   vocab-parallel log-probs, advantages by group id);
@@ -48,16 +51,44 @@ GPU_CONFIG = {  # ~0.5B parameters, Qwen2.5-0.5B's shape
 }
 
 
-def make_samples(count: int, seq_len: int, vocab: int, prompt_len: int = 32) -> list[Sample]:
+def make_samples(count: int, seq_len: int, vocab: int, lengths: str = "rl",
+                 prompt_len: int = 32) -> list[Sample]:
+    """``count`` samples in groups of 4 of at most ``seq_len`` tokens.
+
+    ``lengths="fixed"``: every sample ``seq_len`` tokens, ``prompt_len`` of them prompt.
+    ``lengths="rl"``: shaped like a multi-turn rollout batch: each group's prompt drawn from
+    ``[seq_len / 8, seq_len / 2]`` tokens, each sample's response from ``[seq_len / 16, seq_len
+    - prompt]`` (uniform, seed 0), so that samples of one micro-batch differ in length as they do
+    in RL.
+    """
     generator = torch.Generator().manual_seed(0)
+
+    def uniform(low: int, high: int) -> int:
+        return int(torch.randint(low, max(low, high) + 1, (1,), generator=generator))
+
     out = []
+    prompt: list[int] = []
     for i in range(count):
-        tokens = torch.randint(10, vocab, (seq_len,), generator=generator).tolist()
-        n = seq_len - prompt_len
-        out.append(Sample(group_id=i // 4, index=i % 4, tokens=tokens, response_length=n,
+        if i % 4 == 0:
+            size = prompt_len if lengths == "fixed" else uniform(seq_len // 8, seq_len // 2)
+            prompt = torch.randint(10, vocab, (size,), generator=generator).tolist()
+        n = seq_len - len(prompt) if lengths == "fixed" else uniform(seq_len // 16, seq_len - len(prompt))
+        response = torch.randint(10, vocab, (n,), generator=generator).tolist()
+        out.append(Sample(group_id=i // 4, index=i % 4, tokens=prompt + response, response_length=n,
                           loss_mask=[1] * n, rollout_log_probs=[-1.0] * n, reward=float(i % 2),
                           status=Status.COMPLETED, turns=[Turn("assistant", 0, n)]))
     return out
+
+
+def padding_fraction(samples: list[Sample], micro: int) -> float:
+    """The share of the positions the trainer computes that are padding: each micro-batch of
+    ``micro`` rows (the actor's order) is padded to its longest row."""
+    computed = real = 0
+    for start in range(0, len(samples), micro):
+        rows = [len(s.tokens) for s in samples[start : start + micro]]
+        computed += len(rows) * max(rows)
+        real += sum(rows)
+    return 1.0 - real / computed
 
 
 def torch_step_fn(model_dir: Path, samples: list[Sample], micro: int, lr: float, device: str):
@@ -67,12 +98,13 @@ def torch_step_fn(model_dir: Path, samples: list[Sample], micro: int, lr: float,
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
-    tokens = torch.tensor([s.tokens for s in samples], device=device)
+    longest = max(len(s.tokens) for s in samples)  # a padded batch (right padding, mask 0)
+    tokens = torch.tensor([s.tokens + [0] * (longest - len(s.tokens)) for s in samples], device=device)
     rewards = torch.tensor([s.reward for s in samples], device=device)
     groups = torch.tensor([s.group_id for s in samples], device=device)
     mask = torch.zeros(tokens.shape[0], tokens.shape[1] - 1, device=device)
     for row, s in enumerate(samples):
-        mask[row, s.prompt_length - 1 :] = 1.0
+        mask[row, s.prompt_length - 1 : s.prompt_length - 1 + s.response_length] = 1.0
 
     def step() -> None:
         # GRPO advantages (the same formula, inline)
@@ -147,7 +179,7 @@ def child(args: argparse.Namespace) -> None:
     process = psutil.Process()
     model_dir = model_dir_for(args)
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    samples = make_samples(args.samples, args.seq_len, vocab)
+    samples = make_samples(args.samples, args.seq_len, vocab, args.lengths)
     import megatron.core  # noqa: F401 - both sides pay for the imports before the baseline
     import transformers  # noqa: F401
 
@@ -176,6 +208,9 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--micro-batch-size", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--lengths", default="rl", choices=["rl", "fixed"],
+                        help="rl: variable prompt and response lengths, as in a rollout batch; "
+                        "fixed: every sample --seq-len tokens")
     parser.add_argument("--model", default=None, help="HF model directory (default: tiny model)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--child", choices=["megatron", "torch"], help=argparse.SUPPRESS)
@@ -185,8 +220,8 @@ def main() -> None:
 
     model_dir = model_dir_for(args)
     config = json.loads((model_dir / "config.json").read_text())
-    samples = make_samples(args.samples, args.seq_len, config["vocab_size"])
-    tokens = args.samples * args.seq_len
+    samples = make_samples(args.samples, args.seq_len, config["vocab_size"], args.lengths)
+    tokens = sum(len(s.tokens) for s in samples)  # real tokens: padding is not throughput
     megatron = megatron_step_fn(model_dir, samples, args.micro_batch_size, 1e-5)
     plain = torch_step_fn(model_dir, samples, args.micro_batch_size, 1e-5, args.device)
     megatron(), plain()  # warm-up
@@ -201,6 +236,7 @@ def main() -> None:
         for side in ("megatron", "torch"):
             run = subprocess.run([sys.executable, __file__, "--child", side, "--samples",
                                   str(args.samples), "--seq-len", str(args.seq_len),
+                                  "--lengths", args.lengths,
                                   "--micro-batch-size", str(args.micro_batch_size),
                                   *(["--model", args.model] if args.model else [])],
                                  capture_output=True, text=True, check=True)
@@ -215,6 +251,9 @@ def main() -> None:
         flops_per_token = 6 * params + 12 * layers * hidden * seq
         mfu = median["megatron"] * flops_per_token / bf16_matmul_flops()
         print(json.dumps({"name": "trainer_mfu", "value": round(mfu, 3), "target": "report"}))
+    fraction = padding_fraction(samples, args.micro_batch_size)
+    print(json.dumps({"name": "padding_fraction", "value": round(fraction, 3),
+                      "target": "< 0.05 with packed sequences (not built yet: micro-batches are padded)"}))
     ratio = median["megatron"] / median["torch"]
     print(json.dumps({"name": "trainer_vs_torch_tokens_per_s", "value": round(ratio, 3),
                       "target": ">= 0.8"}))

@@ -54,10 +54,7 @@ from agentrl.trainer.hf_convert import (
 from agentrl.trainer.model_flags import check_model_flags
 from agentrl.trainer.replica_metrics import importance_ratio_metrics, sum_over_data_parallel
 from agentrl.trainer.schedule import decay_steps, global_rank, load_schedule
-from agentrl.trainer.vocab_parallel import (
-    vocab_parallel_logprobs,
-    vocab_parallel_logprobs_and_entropy,
-)
+from agentrl.trainer.trained_positions import trained_token_logprobs
 
 __all__ = ["MegatronActor"]
 
@@ -184,19 +181,16 @@ class MegatronActor:
         )
         return ddp, optimizer, scheduler
 
-    def _forward(self, model: Any, batch: TrainBatch) -> torch.Tensor:
-        """``[b, L, V / tp]`` logits shards (causal attention; right padding never attends)."""
-        tokens = batch.tokens.to(self.device)
-        positions = torch.arange(tokens.shape[1], device=self.device).expand_as(tokens)
-        return model(tokens, positions, None)
-
-    def _token_logprobs(self, logits: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
-        """``[b, L - 1]`` log-probs of each next token at the rollout temperature."""
-        targets = batch.tokens[:, 1:].to(self.device)
-        return vocab_parallel_logprobs(
-            logits[:, :-1], targets, vocab_size=self.vocab_size, temperature=self.temperature,
-            chunk_size=LOGPROB_CHUNK,
-        )
+    def _trained(self, model: Any, batch: TrainBatch, *, temperature: float, entropy: bool = False,
+                 entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``[b, L - 1]`` log-probs (and entropies) of the next token where ``batch.mask`` trains
+        one, 0 elsewhere; the LM head runs at those positions only
+        (:mod:`agentrl.trainer.trained_positions`). Causal attention: right padding never
+        attends. Targets were checked once per batch (:meth:`_as_batch`)."""
+        return trained_token_logprobs(
+            model, batch.tokens.to(self.device), batch.mask, vocab_size=self.vocab_size,
+            temperature=temperature, chunk_size=LOGPROB_CHUNK, entropy=entropy,
+            entropy_grad=entropy_grad, every_position=self.config.sequence_parallel)
 
     @torch.no_grad()
     def logprobs(self, samples_or_batch: Sequence[Sample] | TrainBatch, *, reference: bool = False
@@ -212,12 +206,12 @@ class MegatronActor:
         if model is None:
             raise ConfigError("no reference model: it exists with --use-kl-loss or --kl-coef")
         model.eval()
-        out = torch.zeros_like(batch.mask)
+        out = torch.zeros(batch.mask.shape, device=self.device)  # to the host once, at the end
         for rows in self._micro(batch):
             part = batch.select(rows)
-            logp = self._token_logprobs(self._forward(model, part), part).float().cpu()
-            out[rows, : logp.shape[1]] = logp * part.mask
-        return out
+            logp, _ = self._trained(model, part, temperature=self.temperature)
+            out[rows, : logp.shape[1]] = logp
+        return out.cpu()
 
     @torch.no_grad()
     def values(self, samples_or_batch: Sequence[Sample] | TrainBatch) -> torch.Tensor:
@@ -230,12 +224,12 @@ class MegatronActor:
             raise ConfigError("no critic: it exists with --advantage-estimator ppo")
         batch = self._as_batch(samples_or_batch)
         self.critic.eval()
-        out = torch.zeros_like(batch.mask)
+        out = torch.zeros(batch.mask.shape, device=self.device)  # to the host once, at the end
         for rows in self._micro(batch):
             part = batch.select(rows)
-            values = self.critic(part.tokens.to(self.device))[:, :-1].float().cpu()
-            out[rows, : values.shape[1]] = values * part.mask
-        return out
+            values = self.critic(part.tokens.to(self.device))[:, :-1].float()
+            out[rows, : values.shape[1]] = values * part.mask.to(values.device)
+        return out.cpu()
 
     # -- training --------------------------------------------------------------------------
 
@@ -335,19 +329,15 @@ class MegatronActor:
         self.model.train()
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
-        sums: dict[str, float] = {}
-        logprob_diff = 0.0
+        # on the device until the step ends: one transfer to the host per step (sum_over_data_parallel)
+        sums: dict[str, torch.Tensor] = {}
+        logprob_diff = torch.zeros((), device=self.device)
         for micro in self._my_micro_batches(step_batch):
             part = step_batch.select(micro)
             width = part.mask.shape[1]
             index = [rows[i] for i in micro]
-            logits = self._forward(self.model, part)
-            logp, entropy = vocab_parallel_logprobs_and_entropy(
-                logits[:, :-1], part.tokens[:, 1:].to(self.device), vocab_size=self.vocab_size,
-                temperature=self.temperature, chunk_size=LOGPROB_CHUNK,
-                entropy_grad=bool(c.entropy_coef),  # otherwise only a metric
-            )
-            logp, entropy = logp.float(), entropy.float()
+            logp, entropy = self._trained(self.model, part, temperature=self.temperature, entropy=True,
+                                          entropy_grad=bool(c.entropy_coef))  # else only a metric
             m = part.mask.to(logp.device)
             old_logp = (old[index, :width] if old is not None else logp.detach()).to(logp.device)
             weights = None
@@ -367,17 +357,16 @@ class MegatronActor:
             )
             (loss * self.dp_size).backward()  # data-parallel gradients are averaged, not summed
             for key, value in parts.items():
-                sums[key] = sums.get(key, 0.0) + float(value)
-            diff = ((logp.detach() - part.rollout_logprobs.to(logp.device)).abs() * m).sum()
-            logprob_diff += float(diff)
+                sums[key] = sums[key] + value.detach() if key in sums else value.detach()
+            logprob_diff = logprob_diff + ((logp.detach() - part.rollout_logprobs.to(logp.device)).abs() * m).sum()
         sums["logprob_abs_diff"] = logprob_diff
-        sums = sum_over_data_parallel(sums, self.device)
-        sums["grad_norm"] = _apply_step(self.ddp, self.optimizer, self.scheduler)
+        totals = sum_over_data_parallel(sums, self.device)
+        totals["grad_norm"] = _apply_step(self.ddp, self.optimizer, self.scheduler)
         self.step += 1
         tokens = max(float(mask.sum()), 1.0)
-        sums["lr"] = float(self.optimizer.param_groups[0]["lr"])
-        sums["logprob_abs_diff"] /= tokens
-        return sums
+        totals["lr"] = float(self.optimizer.param_groups[0]["lr"])
+        totals["logprob_abs_diff"] /= tokens
+        return totals
 
     def _sft_step(self, batch: TrainBatch, rows: list[int]) -> dict[str, float]:
         """One supervised step: the negative log-likelihood of the mask-1 (assistant) tokens, at
@@ -388,17 +377,14 @@ class MegatronActor:
         self.model.train()
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
-        total = 0.0
+        total = torch.zeros((), device=self.device)  # on the device until the step ends
         for micro in self._my_micro_batches(step_batch):
             part = step_batch.select(micro)
-            logits = self._forward(self.model, part)
-            logp = vocab_parallel_logprobs(logits[:, :-1], part.tokens[:, 1:].to(self.device),
-                                           vocab_size=self.vocab_size, temperature=1.0,
-                                           chunk_size=LOGPROB_CHUNK).float()
+            logp, _ = self._trained(self.model, part, temperature=1.0)
             loss = -aggregate(logp, part.mask.to(logp.device), c.loss_aggregation,
                               denominator=denominator)
             (loss * self.dp_size).backward()
-            total += float(loss.detach())
+            total = total + loss.detach()
         total = sum_over_data_parallel({"sft_loss": total}, self.device)["sft_loss"]
         grad_norm = _apply_step(self.ddp, self.optimizer, self.scheduler)
         self.step += 1
@@ -415,7 +401,7 @@ class MegatronActor:
         self.critic.train()
         self.critic_ddp.zero_grad_buffer()
         self.critic_optimizer.zero_grad()
-        sums: dict[str, float] = {}
+        sums: dict[str, torch.Tensor] = {}  # on the device until the step ends
         for micro in self._my_micro_batches(step_batch):
             part = step_batch.select(micro)
             width = part.mask.shape[1]
@@ -429,11 +415,11 @@ class MegatronActor:
             )
             (loss * self.dp_size).backward()
             for key, value in parts.items():
-                sums[key] = sums.get(key, 0.0) + float(value)
-        sums = sum_over_data_parallel(sums, self.device)
-        sums["critic_grad_norm"] = _apply_step(self.critic_ddp, self.critic_optimizer,
+                sums[key] = sums[key] + value.detach() if key in sums else value.detach()
+        totals = sum_over_data_parallel(sums, self.device)
+        totals["critic_grad_norm"] = _apply_step(self.critic_ddp, self.critic_optimizer,
                                                self.critic_scheduler)
-        return sums
+        return totals
 
     def _denominator(self, mask: torch.Tensor) -> float:
         if self.config.loss_aggregation == "token_mean":
@@ -456,7 +442,14 @@ class MegatronActor:
     def _as_batch(self, samples_or_batch: Sequence[Sample] | TrainBatch) -> TrainBatch:
         if isinstance(samples_or_batch, TrainBatch):
             return samples_or_batch
-        return build_batch(list(samples_or_batch), pad_id=self.pad_id)
+        batch = build_batch(list(samples_or_batch), pad_id=self.pad_id)
+        # the targets' range, once per batch on the host (the log-prob functions skip the check,
+        # which would read the device twice per micro-batch)
+        low, high = int(batch.tokens.min()), int(batch.tokens.max())
+        if low < 0 or high >= self.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {self.vocab_size}) (the model's vocabulary); "
+                             f"the batch has [{low}, {high}]")
+        return batch
 
     # -- weights and checkpoints -------------------------------------------------------------
 

@@ -52,7 +52,8 @@ class TrainBatch:
     def select(self, rows: Sequence[int]) -> TrainBatch:
         """The sub-batch of ``rows``, trimmed to its own longest sequence."""
         index = torch.tensor(list(rows), dtype=torch.long)
-        length = int(self.lengths[index].max().item()) if len(rows) else 1
+        # from the samples (host data): no tensor is read for it
+        length = max((max(len(self.samples[i].tokens), 1) for i in rows), default=1)
         return TrainBatch(
             tokens=self.tokens[index, :length], lengths=self.lengths[index],
             mask=self.mask[index, : length - 1],

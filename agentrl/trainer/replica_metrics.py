@@ -9,6 +9,7 @@ is the identity.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 
@@ -26,22 +27,30 @@ def _data_parallel_group() -> object | None:
     return parallel_state.get_data_parallel_group()
 
 
-def sum_over_data_parallel(values: dict[str, float], device: torch.device) -> dict[str, float]:
+def sum_over_data_parallel(values: Mapping[str, torch.Tensor | float], device: torch.device
+                           ) -> dict[str, float]:
     """Adds up per-replica partial sums (loss parts, log-prob differences, token counts).
 
+    The sums stay on the device while a step's micro-batches run; here they are stacked,
+    all-reduced over the data-parallel replicas, and cross to the host in one transfer (one
+    synchronisation per step, however many micro-batches it had).
+
     Args:
-        values: This replica's partial sums; every replica passes the same keys.
+        values: This replica's partial sums (0-dim tensors on ``device``, or numbers); every
+            replica passes the same keys.
         device: Where the collective runs (the actor's device: nccl needs CUDA tensors).
 
     Returns:
-        The totals, by key.
+        The totals, by key, as floats.
     """
-    group = _data_parallel_group()
-    if group is None:
-        return values
     keys = sorted(values)
-    packed = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
-    torch.distributed.all_reduce(packed, group=group)
+    if not keys:
+        return {}
+    packed = torch.stack([torch.as_tensor(values[k], device=device).to(torch.float64).reshape(())
+                          for k in keys])
+    group = _data_parallel_group()
+    if group is not None:
+        torch.distributed.all_reduce(packed, group=group)
     return dict(zip(keys, packed.tolist(), strict=True))
 
 

@@ -168,6 +168,7 @@ def vocab_parallel_logprobs(
     temperature: float = 1.0,
     chunk_size: int | None = None,
     group: Any = None,
+    check_targets: bool = True,
 ) -> torch.Tensor:
     """Per-token ``log_softmax(logits / temperature)[target]`` over the full vocabulary.
 
@@ -187,13 +188,15 @@ def vocab_parallel_logprobs(
         temperature: The sampling temperature of the rollout engine.
         chunk_size: Rows (tokens) per step; ``None`` for all at once.
         group: The tensor-parallel group; defaults to Megatron's (none when TP is 1).
+        check_targets: Check the targets' range (reading two values back from the device: a
+            synchronisation); a caller that checked its batch once passes False.
 
     Returns:
         ``[...]`` fp32 log-probs.
     """
     group = _default_tp_group() if group is None else group
     _check_inputs(logits_shard, temperature, vocab_size, group)
-    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= vocab_size):
+    if check_targets and targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= vocab_size):
         raise ValueError(f"targets must lie in [0, {vocab_size}); got "
                          f"[{int(targets.min())}, {int(targets.max())}]")
     if group is None and logits_shard.numel() <= FUSED_MAX_ELEMENTS:
@@ -290,6 +293,7 @@ def vocab_parallel_logprobs_and_entropy(
     chunk_size: int | None = None,
     entropy_grad: bool = True,
     group: Any = None,
+    check_targets: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Both :func:`vocab_parallel_logprobs` and :func:`vocab_parallel_entropy`; on the fused
     single-rank path from one log-softmax. ``entropy_grad=False`` returns a detached entropy
@@ -302,7 +306,8 @@ def vocab_parallel_logprobs_and_entropy(
         source = logp_all if entropy_grad else logp_all.detach()
         return logp, -(source.exp() * source).sum(-1)
     logp = vocab_parallel_logprobs(logits_shard, targets, vocab_size=vocab_size,
-                                   temperature=temperature, chunk_size=chunk_size, group=group)
+                                   temperature=temperature, chunk_size=chunk_size, group=group,
+                                   check_targets=check_targets)
     context = contextlib.nullcontext() if entropy_grad else torch.no_grad()
     with context:
         entropy = vocab_parallel_entropy(logits_shard, vocab_size=vocab_size,

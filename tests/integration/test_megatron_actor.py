@@ -388,3 +388,69 @@ def test_trainer_logprobs_equal_those_the_gateway_recorded():
         mask = torch.tensor(s.loss_mask, dtype=torch.bool)
         worst = max(worst, float((mine[mask] - torch.tensor(s.rollout_log_probs)[mask]).abs().max()))
     assert worst < 1e-5, worst
+
+
+HOST_READS = ("item", "tolist", "cpu", "__float__", "__int__", "__bool__")
+"""The tensor methods that read a value back to the host (on a GPU: a synchronisation)."""
+
+
+def host_reads_in_a_train_call(samples: list[Sample], monkeypatch, **flags) -> int:
+    trainer = actor(**flags)
+    count = 0
+
+    def counting(name):
+        original = getattr(torch.Tensor, name)
+
+        def wrapper(self, *args, **kwargs):
+            nonlocal count
+            count += 1
+            return original(self, *args, **kwargs)
+        return wrapper
+
+    with monkeypatch.context() as patch:
+        for name in HOST_READS:
+            patch.setattr(torch.Tensor, name, counting(name))
+        trainer.train(samples)
+    return count
+
+
+def test_a_steps_host_reads_do_not_grow_with_its_micro_batches(samples, monkeypatch):
+    """Metrics stay on the device through the micro-batch loop and cross to the host once per
+    step: 8 micro-batches of 1 sample read the host as often as 2 of 4."""
+    many = host_reads_in_a_train_call(samples, monkeypatch, micro_batch_size=1, global_batch_size=8)
+    few = host_reads_in_a_train_call(samples, monkeypatch, micro_batch_size=4, global_batch_size=8)
+    assert many == few, (many, few)
+
+
+def test_the_head_at_trained_positions_only_equals_the_head_everywhere(samples):
+    """The LM head and log-softmax run only where the mask trains a token: the log-probs,
+    entropies and gradients equal those of the head run at every position, and the output
+    layer saw exactly the trained positions."""
+    from agentrl.trainer.batch import build_batch
+    from agentrl.trainer.hf_convert import unwrap_model
+    from agentrl.trainer.trained_positions import trained_token_logprobs
+
+    trainer = actor()
+    batch = build_batch(samples)
+    seen = []
+    layer = unwrap_model(trainer.model).output_layer
+    handle = layer.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[:2]))
+    results = {}
+    try:
+        for every in (False, True):
+            trainer.ddp.zero_grad_buffer()  # DDP accumulates into main_grad
+            trainer.model.zero_grad()
+            logp, ent = trained_token_logprobs(
+                trainer.model, batch.tokens, batch.mask, vocab_size=trainer.vocab_size,
+                temperature=TEMPERATURE, chunk_size=None, entropy=True, every_position=every)
+            (logp.sum() + 0.1 * ent.sum()).backward()
+            grads = [p.main_grad.clone() if getattr(p, "main_grad", None) is not None else p.grad.clone()
+                     for p in trainer.model.parameters() if p.requires_grad]
+            results[every] = (logp.detach(), ent.detach(), grads)
+    finally:
+        handle.remove()
+    trained = int(batch.mask.sum())
+    assert seen[0] == (trained, 1) and seen[1] == batch.tokens.T.shape  # n positions, then all
+    (lp, en, gr), (lp_all, en_all, gr_all) = results[False], results[True]
+    assert torch.allclose(lp, lp_all, atol=1e-5) and torch.allclose(en, en_all, atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(gr, gr_all, strict=True))
