@@ -54,7 +54,7 @@ from agentrl.trainer.hf_convert import (
 from agentrl.trainer.model_flags import check_model_flags
 from agentrl.trainer.replica_metrics import importance_ratio_metrics, sum_over_data_parallel
 from agentrl.trainer.schedule import decay_steps, global_rank, load_schedule
-from agentrl.trainer.trained_positions import trained_token_logprobs
+from agentrl.trainer.trained_positions import packed_trained_logprobs, trained_token_logprobs
 
 __all__ = ["MegatronActor"]
 
@@ -187,6 +187,12 @@ class MegatronActor:
         one, 0 elsewhere; the LM head runs at those positions only
         (:mod:`agentrl.trainer.trained_positions`). Causal attention: right padding never
         attends. Targets were checked once per batch (:meth:`_as_batch`)."""
+        if not self.config.sequence_parallel:
+            # packed: a micro-batch's rows concatenated without padding (trained_positions.py)
+            return packed_trained_logprobs(
+                model, batch.tokens, [max(len(s.tokens), 1) for s in batch.samples], batch.mask,
+                device=self.device, vocab_size=self.vocab_size, temperature=temperature,
+                chunk_size=LOGPROB_CHUNK, entropy=entropy, entropy_grad=entropy_grad)
         return trained_token_logprobs(
             model, batch.tokens.to(self.device), batch.mask, vocab_size=self.vocab_size,
             temperature=temperature, chunk_size=LOGPROB_CHUNK, entropy=entropy,
@@ -435,8 +441,9 @@ class MegatronActor:
 
     def _micro(self, batch: TrainBatch) -> list[list[int]]:
         lengths = batch.lengths.tolist()
-        if self.config.use_dynamic_batch_size:
-            return micro_batches(lengths, max_tokens=self.config.max_tokens_per_gpu)
+        if self.config.use_dynamic_batch_size:  # packed unless sequence parallel (see _trained)
+            return micro_batches(lengths, max_tokens=self.config.max_tokens_per_gpu,
+                                 packed=not self.config.sequence_parallel)
         return micro_batches(lengths, micro_batch_size=self.config.micro_batch_size)
 
     def _as_batch(self, samples_or_batch: Sequence[Sample] | TrainBatch) -> TrainBatch:

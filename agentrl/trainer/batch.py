@@ -100,15 +100,15 @@ def build_batch(samples: Sequence[Sample], pad_id: int = 0) -> TrainBatch:
 
 def micro_batches(
     lengths: Sequence[int], *, micro_batch_size: int | None = None,
-    max_tokens: int | None = None,
+    max_tokens: int | None = None, packed: bool = False,
 ) -> list[list[int]]:
     """Row indices of each micro-batch.
 
     Fixed size (``--micro-batch-size``) keeps row order. Token budget (``--use-dynamic-batch-size
-    --max-tokens-per-gpu N``) packs rows longest-first into micro-batches whose padded size
-    (rows x longest row) stays within ``max_tokens`` (first fit), so short samples share a
-    micro-batch and long ones do not pad the rest; a single row longer than the budget gets a
-    micro-batch of its own.
+    --max-tokens-per-gpu N``) packs rows longest-first into micro-batches (first fit) whose size
+    stays within ``max_tokens``: the sum of their real lengths when ``packed`` (the rows run
+    concatenated, without padding), else rows x longest row (padded). A single row longer than
+    the budget gets a micro-batch of its own.
 
     Raises:
         ValueError: Neither or both of ``micro_batch_size`` and ``max_tokens`` given, or < 1.
@@ -127,7 +127,9 @@ def micro_batches(
     for row in sorted(rows, key=lambda r: -lengths[r]):
         for members in bins:
             # rows arrive longest-first, so the first member fixes the padded width
-            if (len(members) + 1) * lengths[members[0]] <= max_tokens:
+            size = (sum(lengths[m] for m in members) + lengths[row] if packed
+                    else (len(members) + 1) * lengths[members[0]])
+            if size <= max_tokens:
                 members.append(row)
                 break
         else:

@@ -57,8 +57,14 @@ class TrainerConfig:
                                            "rollout, one step per rollout)")
     num_steps_per_rollout: int | None = option(None, "optimizer steps per rollout")
     micro_batch_size: int = option(1, "samples per forward/backward (gradient accumulation)")
-    use_dynamic_batch_size: bool = option(False, "pack micro-batches by --max-tokens-per-gpu")
-    max_tokens_per_gpu: int | None = option(None, "padded tokens per micro-batch when dynamic")
+    use_dynamic_batch_size: bool = option(False, "micro-batches by a token budget: whole samples "
+                                          "up to --max-tokens-per-gpu real tokens each, instead "
+                                          "of --micro-batch-size samples (either way a "
+                                          "micro-batch's samples run packed, concatenated "
+                                          "without padding, unless --sequence-parallel)")
+    max_tokens_per_gpu: int | None = option(None, "real tokens per packed micro-batch with "
+                                            "--use-dynamic-batch-size (padded tokens under "
+                                            "--sequence-parallel, which does not pack)")
     # optimizer
     lr: float = option(1e-6, "learning rate")
     min_lr: float = option(0.0, "floor of the decayed learning rate")

@@ -17,6 +17,7 @@ gathers it itself), so there the head runs at every position.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,7 +29,7 @@ from agentrl.trainer.vocab_parallel import (
     vocab_parallel_logprobs_and_entropy,
 )
 
-__all__ = ["head_only_at", "trained_token_logprobs"]
+__all__ = ["head_only_at", "packed_trained_logprobs", "trained_token_logprobs"]
 
 
 @contextlib.contextmanager
@@ -83,20 +84,91 @@ def trained_token_logprobs(
         with head_only_at(model, rows, cols):
             logits = model(tokens, positions, None)[0]  # [n, V / tp]
         targets = tokens[rows, cols + 1]  # [n]
-    if entropy:
-        logp, ent = vocab_parallel_logprobs_and_entropy(
-            logits, targets, vocab_size=vocab_size, temperature=temperature,
-            chunk_size=chunk_size, entropy_grad=entropy_grad, check_targets=False)
-    else:
-        logp = vocab_parallel_logprobs(logits, targets, vocab_size=vocab_size, temperature=temperature,
-                                       chunk_size=chunk_size, check_targets=False)
-        ent = None
+    logp, ent = _at_positions(logits, targets, vocab_size=vocab_size, temperature=temperature,
+                              chunk_size=chunk_size, entropy=entropy, entropy_grad=entropy_grad)
     if every_position:
         logp = logp.float() * keep
         return logp, ent.float() * keep if ent is not None else None
+    shape = (tokens.shape[0], width)
+    return _scatter(logp, rows, cols, shape), _scatter(ent, rows, cols, shape) if ent is not None else None
 
-    def scatter(values: torch.Tensor) -> torch.Tensor:
-        full = torch.zeros((tokens.shape[0], width), device=device, dtype=torch.float32)
-        return full.index_put((rows, cols), values.float())  # [b, L - 1]
 
-    return scatter(logp), scatter(ent) if ent is not None else None
+def packed_trained_logprobs(
+    model: Any, tokens: torch.Tensor, lengths: list[int], mask: torch.Tensor, *, device: torch.device,
+    vocab_size: int, temperature: float, chunk_size: int | None, entropy: bool = False,
+    entropy_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`trained_token_logprobs` on a packed micro-batch: the rows' real tokens concatenated
+    into one sequence without padding (Megatron's ``thd`` format), positions restarting at each
+    row, attention within each row only (:mod:`agentrl.trainer.attention`).
+
+    Args:
+        model: The Megatron model.
+        tokens: ``[b, L]`` right-padded token ids, on the host.
+        lengths: Each row's real length.
+        mask: ``[b, L - 1]`` on the host (see :func:`trained_token_logprobs`).
+        device: The model's device.
+        vocab_size: The real vocabulary size.
+        temperature: The sampling temperature.
+        chunk_size: Tokens per chunk of the vocabulary-parallel log-softmax.
+        entropy: Also return the entropies.
+        entropy_grad: The entropies carry a gradient.
+
+    Returns:
+        ``[b, L - 1]`` fp32 log-probs, and entropies or ``None``, 0 where ``mask`` is 0: the
+        padded layout, so losses read them as they read an unpacked batch's.
+    """
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    bounds = [0, *itertools.accumulate(lengths)]
+    starts = torch.tensor(bounds)  # [b + 1], on the host
+    packed = torch.cat([tokens[row, :n] for row, n in enumerate(lengths)])[None].to(device)  # [1, T]
+    positions = torch.cat([torch.arange(n) for n in lengths])[None].to(device)  # restart per row
+    # Not Megatron's thd format, whose rotary embedding reads the boundaries back from the device
+    # at every layer: one sbhd row whose rotary frequencies are taken at each token's own
+    # position, and the boundaries on the host for the attention (agentrl/trainer/attention.py).
+    params = PackedSeqParams(qkv_format="sbhd", max_seqlen_q=max(lengths), max_seqlen_kv=max(lengths))
+    params.host_bounds = bounds
+    rows, cols = mask.nonzero(as_tuple=True)  # on the host: no sync
+    source = (starts[rows] + cols).to(device)  # where each trained position sits in the pack
+    with head_only_at(model, torch.zeros_like(source), source), _rope_at(model, positions[0]):
+        logits = model(packed, positions, None, packed_seq_params=params)[0]  # [n, V / tp]
+    targets = packed[0, source + 1]  # the next token of the same row: cols < length - 1
+    logp, ent = _at_positions(logits, targets, vocab_size=vocab_size, temperature=temperature,
+                              chunk_size=chunk_size, entropy=entropy, entropy_grad=entropy_grad)
+    rows, cols = rows.to(device), cols.to(device)
+    shape = (tokens.shape[0], tokens.shape[1] - 1)
+    return _scatter(logp, rows, cols, shape), _scatter(ent, rows, cols, shape) if ent is not None else None
+
+
+@contextlib.contextmanager
+def _rope_at(model: Any, positions: torch.Tensor) -> Iterator[None]:
+    """Within it, the model's rotary embedding gives token ``i`` the frequencies of position
+    ``positions[i]`` (its place in its own sample) instead of ``i``."""
+    rope = unwrap_model(model).rotary_pos_emb
+
+    def per_token(module: Any, args: Any, frequencies: torch.Tensor) -> torch.Tensor:
+        return frequencies[positions]  # [max_s, 1, 1, d] -> [t, 1, 1, d]
+
+    handle = rope.register_forward_hook(per_token)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _at_positions(logits: torch.Tensor, targets: torch.Tensor, *, vocab_size: int, temperature: float,
+                  chunk_size: int | None, entropy: bool, entropy_grad: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if entropy:
+        return vocab_parallel_logprobs_and_entropy(
+            logits, targets, vocab_size=vocab_size, temperature=temperature,
+            chunk_size=chunk_size, entropy_grad=entropy_grad, check_targets=False)
+    return vocab_parallel_logprobs(logits, targets, vocab_size=vocab_size, temperature=temperature,
+                                   chunk_size=chunk_size, check_targets=False), None
+
+
+def _scatter(values: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, shape: tuple[int, int]
+             ) -> torch.Tensor:
+    full = torch.zeros(shape, device=values.device, dtype=torch.float32)
+    return full.index_put((rows, cols), values.float())  # [b, L - 1]

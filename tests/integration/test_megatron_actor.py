@@ -454,3 +454,102 @@ def test_the_head_at_trained_positions_only_equals_the_head_everywhere(samples):
     (lp, en, gr), (lp_all, en_all, gr_all) = results[False], results[True]
     assert torch.allclose(lp, lp_all, atol=1e-5) and torch.allclose(en, en_all, atol=1e-5)
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(gr, gr_all, strict=True))
+
+
+def uneven_samples(count: int = 6) -> list[Sample]:
+    """Samples of different lengths (prompts of 5-40 tokens, responses of 3-30, one masked
+    tool reply in the middle of some), in groups of 2."""
+    from agentrl.rollout.sample import Turn
+
+    generator = torch.Generator().manual_seed(7)
+    out = []
+    for i in range(count):
+        prompt = torch.randint(3, 200, (5 + 7 * i,), generator=generator).tolist()
+        n = 3 + (11 * i) % 28
+        mask = [1] * n
+        if i % 2:
+            mask[n // 3 : n // 3 + 2] = [0, 0]
+        out.append(Sample(group_id=i // 2, index=i % 2, tokens=prompt + torch.randint(
+            3, 200, (n,), generator=generator).tolist(), response_length=n, loss_mask=mask,
+            rollout_log_probs=[-1.0 * m for m in mask], reward=float(i % 2), status=Status.COMPLETED,
+            turns=[Turn("assistant", 0, n)]))
+    return out
+
+
+def test_packed_micro_batches_give_the_padded_logprobs_and_gradients():
+    """Rows concatenated without padding (positions restarting, attention within each row)
+    give the padded batch's per-token log-probs, entropies and gradients."""
+    from agentrl.trainer.batch import build_batch
+    from agentrl.trainer.trained_positions import packed_trained_logprobs, trained_token_logprobs
+
+    trainer = actor()
+    batch = build_batch(uneven_samples())
+    results = {}
+    for packed in (False, True):
+        trainer.ddp.zero_grad_buffer()
+        trainer.model.zero_grad()
+        if packed:
+            logp, ent = packed_trained_logprobs(
+                trainer.model, batch.tokens, batch.lengths.tolist(), batch.mask, device=trainer.device,
+                vocab_size=trainer.vocab_size, temperature=TEMPERATURE, chunk_size=None, entropy=True)
+        else:
+            logp, ent = trained_token_logprobs(
+                trainer.model, batch.tokens, batch.mask, vocab_size=trainer.vocab_size,
+                temperature=TEMPERATURE, chunk_size=None, entropy=True)
+        (logp.sum() + 0.1 * ent.sum()).backward()
+        grads = [p.main_grad.clone() if getattr(p, "main_grad", None) is not None else p.grad.clone()
+                 for p in trainer.model.parameters() if p.requires_grad]
+        results[packed] = (logp.detach(), ent.detach(), grads)
+    (lp, en, gr), (lp_packed, en_packed, gr_packed) = results[False], results[True]
+    assert len(set(batch.lengths.tolist())) > 1  # rows of different lengths: padding matters
+    assert (lp_packed - lp).abs().max() <= 1e-5 and (en_packed - en).abs().max() <= 1e-5
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(gr, gr_packed, strict=True))
+
+
+def _packed_tp2_worker(rank: int, port: int, data: str, out: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    samples = [Sample.from_json(line) for line in Path(data).read_text().splitlines()]
+    a = actor(tensor_model_parallel_size=2, lr=1e-4, use_dynamic_batch_size=True, max_tokens_per_gpu=90)
+    before = a.logprobs(samples)
+    metrics = a.train(samples)
+    fixed = actor(tensor_model_parallel_size=2, lr=1e-4, micro_batch_size=2).train(samples)
+    torch.save({"before": before, "metrics": metrics, "after": a.logprobs(samples), "fixed": fixed},
+               Path(out) / f"packed-rank{rank}.pt")
+
+
+def test_packed_steps_equal_across_micro_batchings_and_tp_2(tmp_path):
+    """Steps on packed micro-batches (rows of different lengths) chosen by a budget of 90 real
+    tokens equal those on packed micro-batches of 2 rows, at TP=1 and, vocabulary and heads
+    sharded, at TP=2 (packed = padded itself: the test above, gradients included)."""
+    samples = uneven_samples()
+    padded = actor(lr=1e-4, micro_batch_size=2)
+    before = padded.logprobs(samples)
+    metrics = padded.train(samples)
+    after = padded.logprobs(samples)
+    packed = actor(lr=1e-4, use_dynamic_batch_size=True, max_tokens_per_gpu=90)
+    assert any(len(m) > 1 for m in packed._micro(build_batch_of(samples)))  # rows really share a pack
+    assert torch.allclose(packed.logprobs(samples), before, atol=1e-5)
+    packed_metrics = packed.train(samples)
+    for key in ("loss", "pg_loss", "grad_norm", "entropy"):
+        assert packed_metrics[key] == pytest.approx(metrics[key], abs=1e-5, rel=1e-5), key
+    assert torch.allclose(packed.logprobs(samples), after, atol=1e-4)
+    data = tmp_path / "samples.jsonl"
+    data.write_text("".join(s.to_json() + "\n" for s in samples))
+    spawn(_packed_tp2_worker, (free_port(), str(data), str(tmp_path)))
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"packed-rank{rank}.pt")
+        assert torch.allclose(got["before"], before, atol=1e-5)
+        for key in ("loss", "pg_loss", "grad_norm"):  # budget = fixed micro-batches, both at TP=2
+            assert got["metrics"][key] == pytest.approx(got["fixed"][key], abs=1e-6, rel=1e-6), key
+        # and TP=2 = TP=1, to the precision TP's sharded sums keep on this batch (~4e-5 of the
+        # gradient norm, padded as packed)
+        for key in ("loss", "pg_loss", "grad_norm"):
+            assert got["metrics"][key] == pytest.approx(metrics[key], abs=1e-5, rel=1e-4), key
+        assert torch.allclose(got["after"], after, atol=1e-4)
+
+
+def build_batch_of(samples: list[Sample]):
+    from agentrl.trainer.batch import build_batch
+
+    return build_batch(samples)

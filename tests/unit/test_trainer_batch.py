@@ -53,6 +53,9 @@ def test_micro_batches_fixed_and_token_budget():
     assert micro_batches([5, 6, 7, 8, 9], micro_batch_size=2) == [[0, 1], [2, 3], [4]]
     # longest first, first fit under rows x longest <= 20
     assert micro_batches([4, 10, 3, 9, 30], max_tokens=20) == [[4], [1, 3], [0, 2]]
+    # packed, the budget counts real tokens: short rows join where padding would not let them
+    assert micro_batches([6, 6, 6, 1, 1], max_tokens=14) == [[0, 1], [2, 3], [4]]
+    assert micro_batches([6, 6, 6, 1, 1], max_tokens=14, packed=True) == [[0, 1, 3, 4], [2]]
     with pytest.raises(ValueError, match="exactly one"):
         micro_batches([1], micro_batch_size=1, max_tokens=5)
 
