@@ -30,10 +30,10 @@ import json
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 import torch
+from _memory import peak_rss_mib
 
 CONFIG = {
     "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": 151936,
@@ -45,7 +45,6 @@ CONFIG = {
 
 
 def child(args: argparse.Namespace) -> None:
-    import psutil
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from agentrl.trainer.actor import LOGPROB_CHUNK, MegatronActor
@@ -60,24 +59,13 @@ def child(args: argparse.Namespace) -> None:
     tokens = torch.randint(10, CONFIG["vocab_size"], (args.samples, args.seq_len), generator=generator)
     mask = torch.zeros(args.samples, args.seq_len - 1)
     mask[:, -args.response_len:] = 1.0
-    process = psutil.Process()
-    base = peak = process.memory_info().rss
-    done = threading.Event()
+    def work() -> None:
+        logp, entropy = trained_token_logprobs(
+            actor.model, tokens, mask, vocab_size=CONFIG["vocab_size"], temperature=1.0,
+            chunk_size=LOGPROB_CHUNK, entropy=True, every_position=args.child == "every_position")
+        (logp.sum() + entropy.sum()).backward()
 
-    def sample_rss() -> None:
-        nonlocal peak
-        while not done.wait(0.002):
-            peak = max(peak, process.memory_info().rss)
-
-    sampler = threading.Thread(target=sample_rss, daemon=True)
-    sampler.start()
-    logp, entropy = trained_token_logprobs(
-        actor.model, tokens, mask, vocab_size=CONFIG["vocab_size"], temperature=1.0,
-        chunk_size=LOGPROB_CHUNK, entropy=True, every_position=args.child == "every_position")
-    (logp.sum() + entropy.sum()).backward()
-    done.set()
-    sampler.join()
-    print(json.dumps({"peak_mib": (peak - base) / 2**20}))
+    print(json.dumps({"peak_mib": peak_rss_mib(work)}))
 
 
 def main() -> None:

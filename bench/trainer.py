@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 import torch
+from _memory import peak_rss_mib
 
 from agentrl.models import build_tiny_model
 from agentrl.rollout.sample import Sample, Status, Turn
@@ -178,35 +179,20 @@ def bf16_matmul_flops() -> float:
 def child(args: argparse.Namespace) -> None:
     """One side alone: its peak RSS while building the model and taking two steps, over the RSS
     it had before (interpreter, torch and the libraries both sides import)."""
-    import threading
-
-    import psutil
-
-    process = psutil.Process()
     model_dir = model_dir_for(args)
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     samples = make_samples(args.samples, args.seq_len, vocab, args.lengths)
     import megatron.core  # noqa: F401 - both sides pay for the imports before the baseline
     import transformers  # noqa: F401
 
-    base = peak = process.memory_info().rss
-    done = threading.Event()
+    def work() -> None:
+        fn = (megatron_step_fn(model_dir, samples, args.micro_batch_size, 1e-5, args.max_tokens_per_gpu)[1]
+              if args.child == "megatron"
+              else torch_step_fn(model_dir, samples, args.micro_batch_size, 1e-5, args.device))
+        for _ in range(2):
+            fn()
 
-    def sample_rss() -> None:
-        nonlocal peak
-        while not done.wait(0.002):
-            peak = max(peak, process.memory_info().rss)
-
-    sampler = threading.Thread(target=sample_rss, daemon=True)
-    sampler.start()
-    fn = (megatron_step_fn(model_dir, samples, args.micro_batch_size, 1e-5, args.max_tokens_per_gpu)[1]
-          if args.child == "megatron"
-          else torch_step_fn(model_dir, samples, args.micro_batch_size, 1e-5, args.device))
-    for _ in range(2):
-        fn()
-    done.set()
-    sampler.join()
-    print(json.dumps({"peak_over_base_mib": (peak - base) / 2**20}))
+    print(json.dumps({"peak_over_base_mib": peak_rss_mib(work)}))
 
 
 def main() -> None:
