@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 from agentrl.models import build_tiny_model
@@ -94,6 +95,7 @@ class Run:
 
     def __init__(self, argv: list[str], tmp_path: Path) -> None:
         self.root = Path(sandbox_root())  # sandbox uids must reach it: not under pytest's 0700 tmp
+        self.started = time.time()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.stderr_path = tmp_path / "stderr.txt"
         self.process = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
@@ -155,7 +157,9 @@ class Run:
         return [c.name for c in found]
 
     def processes(self) -> list[str]:
-        """Processes of the run's session (Ray's included) and sandbox commands still alive."""
+        """Processes of the run's session (Ray's included) and sandbox commands still alive:
+        the ``sleep 300`` the tests' episodes run, started after the run itself (one that an
+        earlier test or another program started is not this run's)."""
         left = []
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
@@ -168,7 +172,7 @@ class Run:
             fields = stat.rsplit(")", 1)[1].split()
             if fields[0] == "Z":
                 continue
-            if int(fields[3]) == self.pid or cmdline == "sleep 300":
+            if int(fields[3]) == self.pid or (cmdline == "sleep 300" and _started_after(entry.name, self.started)):
                 left.append(f"{entry.name}: {cmdline[:120]}")
         return left
 
@@ -189,6 +193,15 @@ class Run:
 def train(*flags: str, tmp_path: Path) -> Run:
     return Run([sys.executable, str(REPO / "train.py"), *flags,
                 "--output-dir", str(tmp_path / "run")], tmp_path)
+
+
+def _started_after(pid: str, moment: float) -> bool:
+    """Whether process ``pid`` started at or after ``moment`` (seconds since the epoch); a
+    process that is gone did not."""
+    try:
+        return psutil.Process(int(pid)).create_time() >= moment - 1.0
+    except psutil.Error:
+        return False
 
 
 def commands_running() -> bool:

@@ -21,18 +21,10 @@ from agentrl.sandbox import SandboxPools
 from agentrl.sandbox._procs import sandbox_root
 from tests.support.mcp_envs import missing, sdk_server
 from tests.support.sandbox_env_ids import run_then_answer
-from tests.support.sandbox_envs import SandboxExecEnv
 from tests.unit.test_rollout_episode import make_ctx
 
 EVAL_ENV = "eval-exec-mcp-v0"
 EVALUATIONS = 3
-
-
-class ExecWithServerEnv(SandboxExecEnv):
-    """``sandbox-exec``'s tasks in process sandboxes, with an MCP server the run shares
-    (``lifetime="run"``): a process that whoever made the env factory must stop."""
-
-    mcp_servers = (sdk_server(lifetime="run"),)
 
 
 @pytest.fixture
@@ -40,7 +32,19 @@ def eval_env(monkeypatch):
     reason = missing("mcp")
     if reason:
         pytest.skip(reason)
+    # imported when the test runs, not at collection (the module registers its envs, and the
+    # tests parametrized over every registered env must see the built-in ones only), and before
+    # the registry is copied, as a test that names it by "tests.support.sandbox_envs:..." would
+    from tests.support.sandbox_envs import SandboxExecEnv
+
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+
+    class ExecWithServerEnv(SandboxExecEnv):
+        """``sandbox-exec``'s tasks in process sandboxes, with an MCP server the run shares
+        (``lifetime="run"``): a process that whoever made the env factory must stop."""
+
+        mcp_servers = (sdk_server(lifetime="run"),)
+
     register_env(EVAL_ENV, entry_point=ExecWithServerEnv)
 
 
