@@ -11,6 +11,7 @@ with no usable row is refused at start-up instead of failing every episode.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -69,7 +70,5 @@ class TaskFields:
                                         else "")
                  for name, what in self.fields.items()]
         if self.example:
-            import json
-
             lines.append(f"  example row: {json.dumps(dict(self.example), ensure_ascii=False)}")
         return lines
