@@ -68,8 +68,7 @@ class SDPADotProductAttention(DotProductAttention):
                 params: Any) -> torch.Tensor:
         """``[t, heads, dim]`` packed queries, keys and values -> ``[t, heads * dim]``, each
         sample (``params.cu_seqlens_q``) attending causally to itself only."""
-        if self.training and self.config.attention_dropout > 0:
-            raise NotImplementedError("packed sequences with attention dropout")
+        dropout = self.config.attention_dropout if self.training else 0.0
         bounds = getattr(params, "host_bounds", None)  # set by agentrl's packing: no device read
         if bounds is None:
             bounds = params.cu_seqlens_q.tolist()
@@ -78,7 +77,7 @@ class SDPADotProductAttention(DotProductAttention):
             # [len, heads, dim] -> [1, heads, len, dim]
             q, k, v = (t[start:end].permute(1, 0, 2).unsqueeze(0) for t in (query, key, value))
             context = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale,
-                                                     enable_gqa=q.shape[1] != k.shape[1])
+                                                     dropout_p=dropout, enable_gqa=q.shape[1] != k.shape[1])
             outputs.append(context[0].permute(1, 0, 2))  # [len, heads, dim]
         context = torch.cat(outputs).contiguous()
         return context.view(context.shape[0], self.hidden_size_per_partition)

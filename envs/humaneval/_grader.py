@@ -28,6 +28,7 @@ share code with swe-tools' grading program: its process helpers (``_ppid``, ``_i
 sweep of the sandbox's other processes) are that program's, written out again here.
 """
 
+import contextlib
 import io
 import json
 import os
@@ -144,22 +145,18 @@ def candidate_main():
 def _make_private():
     """Non-dumpable: processes of the same uid can no longer ptrace this one or open its
     ``/proc/<pid>`` files (fds, memory)."""
-    try:
+    with contextlib.suppress(ImportError, OSError, AttributeError):  # no prctl: nothing to hide
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-    except (ImportError, OSError, AttributeError):
-        pass
 
 
 def _traced():
-    try:
+    with contextlib.suppress(OSError):  # no /proc: nothing says a tracer is attached
         with open("/proc/self/status") as f:
             for line in f:
                 if line.startswith("TracerPid:"):
                     return line.split()[1] != "0"
-    except OSError:
-        pass
     return False
 
 
@@ -193,18 +190,14 @@ def stop_others():
         alive = []
         for name in os.listdir("/proc"):
             if name.isdigit() and int(name) not in keep and not _is_holder(int(name)):
-                try:
+                with contextlib.suppress(OSError):  # gone already
                     os.kill(int(name), signal.SIGSTOP)
                     alive.append(int(name))
-                except OSError:
-                    pass
         if not alive:
             return
         for pid in alive:
-            try:
+            with contextlib.suppress(OSError):  # gone already
                 os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
         time.sleep(0.05)
 
 
@@ -253,11 +246,9 @@ class _Candidate:
             raise CandidateError(f"the candidate's answer is not plain data: {exc}") from exc
 
     def close(self):
-        try:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):  # ended on its own
             self.process.kill()
             self.process.wait(5)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
 
 
 def check_main():
