@@ -248,8 +248,22 @@ def build_gpt_model(
         position_embedding_type="rope",
         rotary_base=spec.rope_theta,
     )
+    _params_in(model, params_dtype)
     model.agentrl_hf_spec = spec
     return model
+
+
+def _params_in(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Every floating-point parameter of ``model`` in ``dtype``.
+
+    megatron's local spec builds its norms with ``torch.nn.RMSNorm``, which ignores
+    ``params_dtype``: left in fp32 next to bf16 activations, each norm converts its input to fp32
+    and its output back (no fused kernel runs), four copies per layer and step. The fp32 master
+    weights of a bf16 run live in the optimizer only.
+    """
+    for param in model.parameters():
+        if param.is_floating_point() and param.dtype != dtype:
+            param.data = param.data.to(dtype)
 
 
 def unwrap_model(model: Any) -> Any:

@@ -456,3 +456,22 @@ def test_fused_single_rank_path_equals_the_chunked_function():
     fused_h = vp.vocab_parallel_entropy(logits, vocab_size=300, temperature=0.7)
     chunked_h = vp._VocabParallelEntropy.apply(logits, 0.7, 5, 300, None)
     assert torch.allclose(fused_h, chunked_h, atol=1e-5)
+
+
+def test_bf16_models_keep_every_parameter_in_bf16(tp1: None) -> None:
+    """The local spec's norms would otherwise stay fp32 next to bf16 activations: each norm then
+    converts its input and output, and torch warns that no fused kernel can run."""
+    import warnings
+
+    from agentrl.trainer.critic import ValueModel
+
+    _, raw = hf_model("qwen2", tie=True)
+    model = build_gpt_model(raw, params_dtype=torch.bfloat16)
+    critic = ValueModel(raw, params_dtype=torch.bfloat16, hf_checkpoint=None)
+    for module in (model, critic):
+        assert {p.dtype for p in module.parameters()} == {torch.bfloat16}
+    ids, positions = inputs()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model(ids, positions, None).float().sum().backward()
+    assert not [w for w in caught if "Mismatch dtype" in str(w.message)]
