@@ -45,6 +45,7 @@ from agentrl.trainer.critic import ValueModel
 from agentrl.trainer.distributed import init_model_parallel
 from agentrl.trainer.hf_convert import (
     build_gpt_model,
+    check_transformer_engine,
     export_hf_state_dict,
     hf_spec_of,
     load_hf_weights,
@@ -102,6 +103,8 @@ class MegatronActor:
         # train.py's config comes solved; one built directly (tests, benchmarks) is solved the same
         # way, for an actor handed each rollout right after its weights sampled it
         self.config = config = resolve_off_policy_correction(config, staleness_can_be_positive=False)
+        if config.transformer_impl == "transformer_engine":
+            check_transformer_engine()  # before anything loads: says why it cannot run here
         self.temperature = max(float(rollout_temperature), 1e-6)
         self.pad_id = pad_id
         self.total_steps = total_steps
@@ -135,7 +138,9 @@ class MegatronActor:
         self.critic = None
         if config.advantage_estimator == "ppo":
             self.critic = ValueModel(self.hf_config, params_dtype=self.params_dtype,
-                                     hf_checkpoint=self.hf_checkpoint, **overrides).to(self.device)
+                                     hf_checkpoint=self.hf_checkpoint,
+                                     transformer_impl=config.transformer_impl,
+                                     **overrides).to(self.device)
             self.critic_ddp, self.critic_optimizer, self.critic_scheduler = self._optimizer_for(
                 self.critic, config.critic_lr or config.lr, total_steps)
         self.step = 0
@@ -143,7 +148,8 @@ class MegatronActor:
     # -- model -----------------------------------------------------------------------------
 
     def _build(self, overrides: dict[str, Any]) -> Any:
-        model = build_gpt_model(self.hf_config, params_dtype=self.params_dtype, **overrides)
+        model = build_gpt_model(self.hf_config, params_dtype=self.params_dtype,
+                                transformer_impl=self.config.transformer_impl, **overrides)
         model.to(self.device)
         if self.hf_checkpoint is not None:
             load_hf_weights(model, self.hf_checkpoint)
@@ -192,7 +198,9 @@ class MegatronActor:
             return packed_trained_logprobs(
                 model, batch.tokens, [max(len(s.tokens), 1) for s in batch.samples], batch.mask,
                 device=self.device, vocab_size=self.vocab_size, temperature=temperature,
-                chunk_size=LOGPROB_CHUNK, entropy=entropy, entropy_grad=entropy_grad)
+                chunk_size=LOGPROB_CHUNK, entropy=entropy, entropy_grad=entropy_grad,
+                # Transformer Engine's attention reads Megatron's packed-sequence parameters
+                layout="thd" if self.config.transformer_impl == "transformer_engine" else "sbhd")
         return trained_token_logprobs(
             model, batch.tokens.to(self.device), batch.mask, vocab_size=self.vocab_size,
             temperature=temperature, chunk_size=LOGPROB_CHUNK, entropy=entropy,

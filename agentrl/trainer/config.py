@@ -17,11 +17,14 @@ from agentrl.algorithms.names import AGGREGATIONS, ESTIMATORS, KL_KINDS, default
 from agentrl.config import flag, option
 from agentrl.errors import ConfigError
 
-__all__ = ["CORRECTIONS", "BatchShape", "TrainerConfig", "batch_shape",
+__all__ = ["CORRECTIONS", "TRANSFORMER_IMPLS", "BatchShape", "TrainerConfig", "batch_shape",
            "resolve_off_policy_correction"]
 
 CORRECTIONS = ("auto", "tis", "mis", "none")
 """``--off-policy-correction`` values."""
+
+TRANSFORMER_IMPLS = ("local", "transformer_engine")
+"""``--transformer-impl`` values (Megatron-LM's flag and names)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +55,10 @@ class TrainerConfig:
     pipeline_model_parallel_size: int = option(1, "pipeline stages")
     sequence_parallel: bool = option(False, "sequence parallelism (GPU + Transformer Engine)")
     recompute_activations: bool = option(False, "recompute activations in the backward pass")
+    transformer_impl: str = option("local", "layer implementation: local (megatron's local spec "
+                                   "with torch's fused attention; runs anywhere) | "
+                                   "transformer_engine (Transformer Engine's fused layers; needs "
+                                   "CUDA and the transformer_engine package)")
     # batch
     global_batch_size: int | None = option(None, "samples per optimizer step (default: the whole "
                                            "rollout, one step per rollout)")
@@ -138,6 +145,7 @@ class TrainerConfig:
             "advantage_estimator": ESTIMATORS, "kl_loss_type": KL_KINDS,
             "loss_aggregation": AGGREGATIONS, "lr_decay_style": ("constant", "linear", "cosine"),
             "loss_type": ("policy_loss", "sft_loss"), "off_policy_correction": CORRECTIONS,
+            "transformer_impl": TRANSFORMER_IMPLS,
         }
         for name, choices in checks.items():
             if getattr(self, name) not in choices:

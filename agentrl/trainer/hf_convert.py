@@ -7,7 +7,8 @@ and a SwiGLU MLP:
   ``TransformerConfig`` (:mod:`agentrl.trainer.model_flags` checks the Megatron model flags
   against it, or builds the config from the flags when there is no checkpoint).
 * **Model.** :func:`build_gpt_model` builds a ``GPTModel`` from megatron's local layer spec
-  (no Transformer Engine, so it runs on CPU).
+  (no Transformer Engine, so it runs on CPU), or from its Transformer Engine spec
+  (``--transformer-impl transformer_engine``, CUDA only).
 * **Weights.** :func:`load_hf_weights` puts Hugging Face tensors into this process's tensor
   parallel shards; :func:`export_hf_state_dict` gathers them back to Hugging Face names and shapes
   (also what the rollout engine's ``update_weights(state_dict=...)`` takes) and
@@ -39,6 +40,11 @@ Megatron (local spec)                          Hugging Face
 ``mlp.linear_fc1.weight``                      [``gate_proj``; ``up_proj``]
 ``mlp.linear_fc2.weight``                      ``down_proj``
 =============================================  ===============================================
+
+Transformer Engine's spec folds each pre-norm into the linear layer after it: there
+``input_layernorm.weight`` is ``self_attention.linear_qkv.layer_norm_weight`` and
+``pre_mlp_layernorm.weight`` is ``mlp.linear_fc1.layer_norm_weight`` (:data:`_TE_FUSED_NORMS`);
+everything else keeps its name.
 
 Tensor parallelism splits linear_qkv by whole groups (rows), linear_fc1 by rows of gate and of
 up separately (each rank holds [gate shard; up shard]), linear_proj and linear_fc2 by input
@@ -78,6 +84,7 @@ __all__ = [
     "HFModelSpec",
     "WeightMappingError",
     "build_gpt_model",
+    "check_transformer_engine",
     "export_hf_state_dict",
     "hf_spec_of",
     "load_hf_weights",
@@ -159,8 +166,9 @@ def transformer_config_from_hf(
                 f"({count}): each rank holds whole heads and key/value groups"
             )
     if overrides.get("sequence_parallel"):
-        raise ConfigError("--sequence-parallel needs Transformer Engine layer specs; agentrl "
-                          "builds models from megatron's local spec, which refuses it")
+        raise ConfigError("--sequence-parallel is not supported: megatron's local spec refuses "
+                          "it, and agentrl's trainer has not been run with it under "
+                          "--transformer-impl transformer_engine")
     if spec.num_layers % pp:
         raise ConfigError(f"--pipeline-model-parallel-size {pp} must divide num_hidden_layers "
                           f"({spec.num_layers})")
@@ -199,6 +207,7 @@ def build_gpt_model(
     post_process: bool | None = None,
     params_dtype: torch.dtype = torch.float32,
     make_vocab_size_divisible_by: int = 128,
+    transformer_impl: str = "local",
     **config_overrides: Any,
 ) -> Any:
     """Builds a randomly initialised megatron ``GPTModel`` for a Hugging Face config.
@@ -220,7 +229,15 @@ def build_gpt_model(
         make_vocab_size_divisible_by: Vocabulary padding multiple (Megatron's
             ``make_vocab_size_divisible_by``); must be the same when saving and loading Megatron
             checkpoints.
+        transformer_impl: ``"local"`` (the default) or ``"transformer_engine"``: megatron's
+            Transformer Engine layer spec (fused norm + linear layers, TE's attention; packed
+            batches must then use the ``thd`` layout, see
+            :func:`agentrl.trainer.trained_positions.packed_trained_logprobs`).
         **config_overrides: Passed to :func:`transformer_config_from_hf`.
+
+    Raises:
+        ConfigError: ``transformer_impl`` is unknown, or Transformer Engine is asked for where it
+            cannot run (no CUDA, or the package does not import).
     """
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
@@ -234,9 +251,21 @@ def build_gpt_model(
         pre_process = parallel_state.is_pipeline_first_stage(ignore_virtual=True)
     if post_process is None:
         post_process = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
+    if transformer_impl == "transformer_engine":
+        check_transformer_engine()
+        from megatron.core.models.gpt.gpt_layer_specs import (
+            get_gpt_layer_with_transformer_engine_spec,
+        )
+
+        layer_spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=spec.qk_norm)
+    elif transformer_impl == "local":
+        layer_spec = use_sdpa_attention(get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm))
+    else:
+        raise ConfigError(f"--transformer-impl must be local or transformer_engine, got "
+                          f"{transformer_impl!r}")
     model = GPTModel(
         config=config,
-        transformer_layer_spec=use_sdpa_attention(get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm)),
+        transformer_layer_spec=layer_spec,
         vocab_size=padded_vocab_size(
             spec.vocab_size, config.tensor_model_parallel_size, make_vocab_size_divisible_by
         ),
@@ -264,6 +293,23 @@ def _params_in(model: torch.nn.Module, dtype: torch.dtype) -> None:
     for param in model.parameters():
         if param.is_floating_point() and param.dtype != dtype:
             param.data = param.data.to(dtype)
+
+
+def check_transformer_engine() -> None:
+    """Raises ConfigError, saying why, where ``--transformer-impl transformer_engine`` cannot
+    run: no CUDA device, or ``transformer_engine`` (with its PyTorch part) does not import."""
+    import importlib
+
+    if not torch.cuda.is_available():
+        raise ConfigError("--transformer-impl transformer_engine needs a CUDA GPU (Transformer "
+                          "Engine has no CPU kernels); use --transformer-impl local here")
+    try:
+        importlib.import_module("transformer_engine.pytorch")
+    except (ImportError, OSError, RuntimeError) as exc:  # absent, or built for another torch/CUDA
+        raise ConfigError(f"--transformer-impl transformer_engine: transformer_engine.pytorch does "
+                          f"not import ({type(exc).__name__}: {exc}); install Transformer Engine "
+                          "for this torch and CUDA (pip install 'transformer_engine[pytorch]'), or "
+                          "use --transformer-impl local") from None
 
 
 def unwrap_model(model: Any) -> Any:
@@ -319,11 +365,27 @@ _LAYER_RULES: tuple[tuple[str, tuple[str, ...], str, str | None], ...] = (
 """Per decoder layer: (Megatron suffix, Hugging Face suffixes, kind, the :class:`HFModelSpec`
 flag the parameter exists under, or ``None`` for always)."""
 
+_TE_FUSED_NORMS = {
+    "input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
+    "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
+}
+"""The local spec's pre-norm names -> where Transformer Engine's spec keeps them (inside the
+fused norm + linear layer that follows the norm)."""
 
-def _layer_rules(spec: HFModelSpec) -> list[tuple[str, tuple[str, ...], str]]:
-    """The per-layer rules this architecture has."""
-    return [(m, h, kind) for m, h, kind, flag in _LAYER_RULES
+
+def _layer_rules(spec: HFModelSpec, *, fused_norms: bool = False
+                 ) -> list[tuple[str, tuple[str, ...], str]]:
+    """The per-layer rules this architecture has; ``fused_norms``: with Transformer Engine's
+    names for the pre-norms."""
+    names = _TE_FUSED_NORMS if fused_norms else {}
+    return [(names.get(m, m), h, kind) for m, h, kind, flag in _LAYER_RULES
             if flag is None or getattr(spec, flag)]
+
+
+def _has_fused_norms(layer: Any) -> bool:
+    """Whether a decoder layer was built from Transformer Engine's spec (its attention input
+    projection holds the pre-norm's weight)."""
+    return getattr(layer.self_attention.linear_qkv, "layer_norm_weight", None) is not None
 
 
 def _rules(model: Any, spec: HFModelSpec) -> list[_Rule]:
@@ -335,7 +397,7 @@ def _rules(model: Any, spec: HFModelSpec) -> list[_Rule]:
         )
     for j, layer in enumerate(model.decoder.layers):
         i = layer.layer_number - 1  # global index: layer_number counts from 1 across stages
-        for megatron, hf, kind in _layer_rules(spec):
+        for megatron, hf, kind in _layer_rules(spec, fused_norms=_has_fused_norms(layer)):
             hf_names = tuple(f"model.layers.{i}.{name}" for name in hf)
             rules.append(_Rule(f"decoder.layers.{j}.{megatron}", hf_names, kind))
     if model.post_process:

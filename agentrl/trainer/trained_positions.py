@@ -96,7 +96,7 @@ def trained_token_logprobs(
 def packed_trained_logprobs(
     model: Any, tokens: torch.Tensor, lengths: list[int], mask: torch.Tensor, *, device: torch.device,
     vocab_size: int, temperature: float, chunk_size: int | None, entropy: bool = False,
-    entropy_grad: bool = True,
+    entropy_grad: bool = True, layout: str = "sbhd",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`trained_token_logprobs` on a packed micro-batch: the rows' real tokens concatenated
     into one sequence without padding (Megatron's ``thd`` format), positions restarting at each
@@ -113,6 +113,11 @@ def packed_trained_logprobs(
         chunk_size: Tokens per chunk of the vocabulary-parallel log-softmax.
         entropy: Also return the entropies.
         entropy_grad: The entropies carry a gradient.
+        layout: ``"sbhd"``: agentrl's own form, for the local layer spec (one row, the rotary
+            embedding taken per token, the boundaries on the host, so no layer reads the device).
+            ``"thd"``: Megatron's packed-sequence parameters (``cu_seqlens`` on the device),
+            which Transformer Engine's attention reads; Megatron applies the rotary embedding
+            sample by sample.
 
     Returns:
         ``[b, L - 1]`` fp32 log-probs, and entropies or ``None``, 0 where ``mask`` is 0: the
@@ -124,14 +129,24 @@ def packed_trained_logprobs(
     starts = torch.tensor(bounds)  # [b + 1], on the host
     packed = torch.cat([tokens[row, :n] for row, n in enumerate(lengths)])[None].to(device)  # [1, T]
     positions = torch.cat([torch.arange(n) for n in lengths])[None].to(device)  # restart per row
-    # Not Megatron's thd format, whose rotary embedding reads the boundaries back from the device
-    # at every layer: one sbhd row whose rotary frequencies are taken at each token's own
-    # position, and the boundaries on the host for the attention (agentrl/trainer/attention.py).
-    params = PackedSeqParams(qkv_format="sbhd", max_seqlen_q=max(lengths), max_seqlen_kv=max(lengths))
-    params.host_bounds = bounds
+    longest = max(lengths)
+    if layout == "thd":
+        cu_seqlens = starts.to(device=device, dtype=torch.int32)
+        params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
+                                 max_seqlen_q=longest, max_seqlen_kv=longest)
+        per_token_rope: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    elif layout == "sbhd":
+        # Megatron's thd rotary embedding reads the boundaries back from the device at every
+        # layer: here one sbhd row whose rotary frequencies are taken at each token's own
+        # position, and the boundaries on the host for the attention (agentrl/trainer/attention.py)
+        params = PackedSeqParams(qkv_format="sbhd", max_seqlen_q=longest, max_seqlen_kv=longest)
+        params.host_bounds = bounds
+        per_token_rope = _rope_at(model, positions[0])
+    else:
+        raise ValueError(f"layout must be 'sbhd' or 'thd', got {layout!r}")
     rows, cols = mask.nonzero(as_tuple=True)  # on the host: no sync
     source = (starts[rows] + cols).to(device)  # where each trained position sits in the pack
-    with head_only_at(model, torch.zeros_like(source), source), _rope_at(model, positions[0]):
+    with head_only_at(model, torch.zeros_like(source), source), per_token_rope:
         logits = model(packed, positions, None, packed_seq_params=params)[0]  # [n, V / tp]
     targets = packed[0, source + 1]  # the next token of the same row: cols < length - 1
     logp, ent = _at_positions(logits, targets, vocab_size=vocab_size, temperature=temperature,

@@ -476,9 +476,11 @@ def uneven_samples(count: int = 6) -> list[Sample]:
     return out
 
 
-def test_packed_micro_batches_give_the_padded_logprobs_and_gradients():
+@pytest.mark.parametrize("layout", ["sbhd", "thd"])
+def test_packed_micro_batches_give_the_padded_logprobs_and_gradients(layout):
     """Rows concatenated without padding (positions restarting, attention within each row)
-    give the padded batch's per-token log-probs, entropies and gradients."""
+    give the padded batch's per-token log-probs, entropies and gradients, in agentrl's packed
+    form and in Megatron's thd form (the one Transformer Engine's attention reads)."""
     from agentrl.trainer.batch import build_batch
     from agentrl.trainer.trained_positions import packed_trained_logprobs, trained_token_logprobs
 
@@ -491,7 +493,8 @@ def test_packed_micro_batches_give_the_padded_logprobs_and_gradients():
         if packed:
             logp, ent = packed_trained_logprobs(
                 trainer.model, batch.tokens, batch.lengths.tolist(), batch.mask, device=trainer.device,
-                vocab_size=trainer.vocab_size, temperature=TEMPERATURE, chunk_size=None, entropy=True)
+                vocab_size=trainer.vocab_size, temperature=TEMPERATURE, chunk_size=None, entropy=True,
+                layout=layout)
         else:
             logp, ent = trained_token_logprobs(
                 trainer.model, batch.tokens, batch.mask, vocab_size=trainer.vocab_size,

@@ -475,3 +475,30 @@ def test_bf16_models_keep_every_parameter_in_bf16(tp1: None) -> None:
         warnings.simplefilter("always")
         model(ids, positions, None).float().sum().backward()
     assert not [w for w in caught if "Mismatch dtype" in str(w.message)]
+
+
+def test_transformer_impl_is_checked_and_refused_where_te_cannot_run(monkeypatch) -> None:
+    from agentrl.trainer.config import TrainerConfig
+    from agentrl.trainer.hf_convert import check_transformer_engine
+
+    with pytest.raises(ConfigError, match="--transformer-impl must be one of local, transformer_engine"):
+        TrainerConfig(transformer_impl="fused").validate()
+    _, raw = hf_model("qwen2", tie=True)
+    with pytest.raises(ConfigError, match="needs a CUDA GPU .* use --transformer-impl local"):
+        build_gpt_model(raw, transformer_impl="transformer_engine")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setitem(__import__("sys").modules, "transformer_engine", None)  # not importable
+    with pytest.raises(ConfigError, match=r"transformer_engine.pytorch does not import \(.*\); "
+                                          r"install Transformer Engine"):
+        check_transformer_engine()
+
+
+def test_transformer_engine_names_the_pre_norms_inside_the_fused_linears() -> None:
+    from agentrl.trainer.hf_convert import HFModelSpec, _layer_rules
+
+    spec = HFModelSpec.from_hf(hf_model("qwen2", tie=True)[1])
+    local = {m: hf for m, hf, _ in _layer_rules(spec)}
+    fused = {m: hf for m, hf, _ in _layer_rules(spec, fused_norms=True)}
+    assert fused.pop("self_attention.linear_qkv.layer_norm_weight") == local.pop("input_layernorm.weight")
+    assert fused.pop("mlp.linear_fc1.layer_norm_weight") == local.pop("pre_mlp_layernorm.weight")
+    assert fused == local  # every other parameter keeps its name
