@@ -1,5 +1,5 @@
 """The ``agentrl`` command line: ``list-envs``, ``check-env ID``, ``eval --env ID``, ``view PATH``,
-``clean-sandboxes``."""
+``clean-sandboxes``, ``serve-env ID``."""
 
 from __future__ import annotations
 
@@ -110,6 +110,29 @@ def _cmd_clean_sandboxes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve_env(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from agentrl.serve.openenv_server import ServeConfig, build_app, is_loopback
+    except ImportError as exc:
+        raise AgentRLError(
+            f"agentrl serve-env needs the openenv package ({exc}): pip install 'openenv==0.10.*'. "
+            "openenv 0.10 needs the MCP SDK 1.x and agentrl's MCP tools need 2.x, so install it in "
+            "an environment without agentrl's mcp extra (scripts/setup-openenv.sh makes one)") from None
+    config = ServeConfig(env_id=args.id, env_kwargs=parse_pairs(args.env_kwarg, "--env-kwarg"),
+                         host=args.host, port=args.port, max_sessions=args.max_sessions,
+                         session_timeout=args.session_timeout, allow_remote=args.allow_remote)
+    app = build_app(config)
+    if not is_loopback(config.host):
+        print(f"agentrl serve-env: WARNING: serving on {config.host}, reachable from other machines; "
+              "this server runs the commands a model writes", file=sys.stderr, flush=True)
+    print(f"agentrl serve-env: {config.env_id} on http://{config.host}:{config.port} "
+          f"(OpenEnv; at most {config.max_sessions} sessions)", flush=True)
+    uvicorn.run(app, host=config.host, port=config.port, log_level="warning")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``agentrl`` command."""
     parser = FlagParser(prog="agentrl", description=__doc__, allow_abbrev=False)
@@ -163,6 +186,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--docker-host", action="append", default=[], metavar="URL",
                    help="also clean this Docker daemon (the default one always); repeatable")
     p.set_defaults(func=_cmd_clean_sandboxes)
+
+    p = sub.add_parser("serve-env", allow_abbrev=False,
+                       help="serve a registered environment over OpenEnv's protocol",
+                       description="Serve a registered env with the openenv package's server: one "
+                       "env instance per session, its tools as MCP tools, its task_set splits "
+                       "through OpenEnv's task API (docs/guides/openenv.md).")
+    p.add_argument("id", help="env id: NAME, NAME-vN, or MODULE:NAME for a user module")
+    p.add_argument("--env-kwarg", action="append", default=[], metavar="KEY=VALUE",
+                   help="constructor argument of every session's env (VALUE parsed as JSON when "
+                   "possible); repeatable")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback by default)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
+    p.add_argument("--max-sessions", type=int, default=8,
+                   help="sessions (env instances, each with its sandbox) at once; one more is refused")
+    p.add_argument("--session-timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="close a session after this long without a message")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="allow a --host other than loopback (the server runs model-written commands)")
+    p.set_defaults(func=_cmd_serve_env)
     return parser
 
 

@@ -42,7 +42,15 @@ class EnvArgumentError(EnvRegistrationError):
 
 class UnknownSplitError(AgentRLError, ValueError):
     """An env was asked for a task split it does not have. The message names the split and the
-    available ones. Also a ``ValueError``, which is what an unknown split raised before."""
+    available ones. Also a ``ValueError``, which is what an unknown split raised before.
+
+    Attributes:
+        available: The env's splits, when the raiser said (``()``: not said).
+    """
+
+    def __init__(self, message: str, available: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.available = tuple(available)
 
 
 class NoTaskSetError(AgentRLError):
@@ -107,6 +115,19 @@ class ResourceLost(AgentRLError):
     """Something an episode runs on is gone (a sandbox whose node died, with everything that ran
     in it). Nothing the model wrote caused it, so a tool call that meets it does not show it to
     the model as a tool error: it propagates, and the episode fails."""
+
+
+class EnvServerError(AgentRLError):
+    """An environment served over the network (an OpenEnv server) answered with an error, or
+    cannot be used: not an OpenEnv server, no free session before the admission timeout, an
+    error for a reset or a step. The message names the env and its URL. The episode it happens
+    in fails with it; the server itself is still there."""
+
+
+class EnvServerLost(EnvServerError, ResourceLost):
+    """An environment server is gone: it cannot be reached, closed the connection, or did not
+    answer within the timeout. Nothing the model wrote caused it: the episode fails, and under
+    ``--use-fault-tolerance`` it is played again."""
 
 
 class RunInterrupted(AgentRLError):

@@ -49,3 +49,9 @@ register_env(
     "tests/test.sh) in their Docker images, graded by the task's verifier; --env-kwarg path=DIR "
     "(default: the 14 shipped tasks).",
 )
+register_env(
+    "openenv-v0",
+    entry_point="agentrl_envs.openenv:OpenEnvEnv",
+    description="An environment served over OpenEnv's protocol (an openenv server, or agentrl "
+    "serve-env): its MCP tools, reward and task API; --env-kwarg url=http://HOST:PORT.",
+)

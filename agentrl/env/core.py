@@ -87,7 +87,7 @@ def check_split(env: object, split: str, available: Sequence[str], *, reason: st
         name = env.__name__ if isinstance(env, type) else type(env).__name__
         listed = ", ".join(repr(s) for s in available) or "(none)"
         message = f"{name} has no task split {split!r}; available splits: {listed}"
-        raise UnknownSplitError(f"{message}. {reason}" if reason else message)
+        raise UnknownSplitError(f"{message}. {reason}" if reason else message, tuple(available))
 
 
 class EpisodeState(Injected):

@@ -467,9 +467,10 @@ class RemoteSandboxPools(SandboxPools):
 def placed_env_factory(config: RolloutConfig, cluster: ClusterConfig) -> EnvFactory | None:
     """The run's env factory (:func:`agentrl.rollout.build.env_factory`) with its sandboxes
     where ``--sandbox-placement`` puts them: local, or with ``ray`` on the Ray nodes that offer
-    a ``sandbox`` resource, an episode whose sandbox node died being played again
-    :data:`SANDBOX_RETRIES` times at most under ``--use-fault-tolerance``."""
+    a ``sandbox`` resource. Under ``--use-fault-tolerance`` an episode whose sandbox node died,
+    or whose environment server went away, is played again :data:`SANDBOX_RETRIES` times at
+    most."""
     if cluster.sandbox_placement != "ray":
-        return env_factory(config)
+        return env_factory(config, sandbox_retries=SANDBOX_RETRIES if cluster.use_fault_tolerance else 0)
     return env_factory(config, make_sandbox_pools=functools.partial(RemoteSandboxPools.for_cluster, cluster),
                        sandbox_retries=SANDBOX_RETRIES if cluster.use_fault_tolerance else 0)

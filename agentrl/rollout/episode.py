@@ -54,6 +54,7 @@ from agentrl.chat import ChatRenderer
 from agentrl.engine.base import Engine, SamplingParams
 from agentrl.env import ToolEnv
 from agentrl.env.factory import EnvFactory
+from agentrl.errors import EnvServerLost
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.overlong import OVERLONG_FINISH, fit_prompt
 from agentrl.rollout.rewards import RewardModels
@@ -63,6 +64,8 @@ from agentrl.sandbox.base import SandboxLost
 from agentrl.tools.calls import ToolCall
 
 __all__ = [
+    "ENV_SERVER_LOST",
+    "LOST_RESOURCE_FINISHES",
     "SANDBOX_LOST",
     "EngineTurns",
     "Episode",
@@ -78,6 +81,13 @@ log = logging.getLogger(__name__)
 
 SANDBOX_LOST = "sandbox_lost"
 """``metadata["finish"]`` of an episode whose sandbox's host died (see :class:`SandboxLost`)."""
+
+ENV_SERVER_LOST = "env_server_lost"
+"""``metadata["finish"]`` of an episode whose environment server went away
+(:class:`~agentrl.errors.EnvServerLost`: an OpenEnv server that stopped or stopped answering)."""
+
+LOST_RESOURCE_FINISHES = (SANDBOX_LOST, ENV_SERVER_LOST)
+"""Finishes the model did not cause: such an episode may be played again (the runner's retries)."""
 
 RESPONSE_ROOM = 64
 """Tokens kept free for the next assistant turn when tool output must be cut to fit."""
@@ -480,9 +490,12 @@ class Episode:
 
     def fail(self, exc: BaseException, *, report: bool = True) -> None:
         """Fails the sample with ``exc`` as the reason (``metadata["error"]``); finish
-        ``sandbox_lost`` for a :class:`SandboxLost`, else ``error``. ``report``: also log it (a
+        ``sandbox_lost`` for a :class:`SandboxLost`, ``env_server_lost`` for an
+        :class:`~agentrl.errors.EnvServerLost`, else ``error``. ``report``: also log it (a
         caller that reports a whole batch's failure once passes False)."""
-        self.finish(Status.FAILED, SANDBOX_LOST if isinstance(exc, SandboxLost) else "error")
+        finish = (SANDBOX_LOST if isinstance(exc, SandboxLost)
+                  else ENV_SERVER_LOST if isinstance(exc, EnvServerLost) else "error")
+        self.finish(Status.FAILED, finish)
         self.sample.reward = 0.0
         self.sample.metadata["error"] = f"{type(exc).__name__}: {exc}"
         self.sample.metadata["traceback"] = traceback.format_exc(limit=8)

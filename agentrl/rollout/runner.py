@@ -16,10 +16,11 @@ and counted in ``rollout/overlong_prompts``. A group with a sample longer than
 counted in ``rollout/overlong_samples``. Evaluation keeps such groups (scored 0), so that an
 eval set is played whole, and reports them the same way.
 
-A sample whose sandbox was lost (its node died: finish ``sandbox_lost``) is played again from its
-start, in a fresh env and sandbox, as many times as the env factory's ``sandbox_retries`` allows
-(3 with ``--use-fault-tolerance`` and ``--sandbox-placement ray``, else 0); each retry is counted
-in ``metadata["sandbox_retries"]`` and the sample appears once in its group.
+A sample whose sandbox was lost (its node died: finish ``sandbox_lost``) or whose environment
+server went away (finish ``env_server_lost``) is played again from its start, in a fresh env and
+sandbox, as many times as the env factory's ``sandbox_retries`` allows (3 with
+``--use-fault-tolerance``, else 0); each retry is counted in ``metadata["sandbox_retries"]`` and
+the sample appears once in its group.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from agentrl.errors import DataError, PluginError, RolloutFailedError
 from agentrl.plugins import load_plugin
 from agentrl.rollout.custom import load_custom_generate, run_custom_generate
 from agentrl.rollout.data import SkippedRow, report_skipped, row_location
-from agentrl.rollout.episode import SANDBOX_LOST, Episode, RolloutContext
+from agentrl.rollout.episode import LOST_RESOURCE_FINISHES, Episode, RolloutContext
 from agentrl.rollout.outcomes import outcome_metrics
 from agentrl.rollout.sample import Sample, Status
 
@@ -341,7 +342,7 @@ class RolloutRunner:
             episode.rid = rid
         async with self._semaphore:
             await episode.run()
-        while self._replays_lost_sandbox(sample):
+        while self._replays_lost_resource(sample):
             retry = sample.metadata["sandbox_retries"]
             # a suffix of its own: the engine's per-episode state starts afresh, and an abort
             # of the rollout's (or the group's) prefix still reaches it
@@ -351,16 +352,16 @@ class RolloutRunner:
         if sample.status is Status.ABORTED:
             self.suspended[key] = episode
 
-    def _replays_lost_sandbox(self, sample: Sample) -> bool:
-        """Whether ``sample`` failed because its sandbox was lost and has a retry left; if so
-        it is made pending again, without what the lost attempt recorded, and the retry is
+    def _replays_lost_resource(self, sample: Sample) -> bool:
+        """Whether ``sample`` failed because its sandbox or env server was lost and has a retry
+        left; if so it is made pending again, without what the lost attempt recorded, and the retry is
         counted in ``metadata["sandbox_retries"]``."""
         meta = sample.metadata
         retries = meta.get("sandbox_retries", 0)
-        if (sample.status is not Status.FAILED or meta.get("finish") != SANDBOX_LOST
+        if (sample.status is not Status.FAILED or meta.get("finish") not in LOST_RESOURCE_FINISHES
                 or retries >= self.ctx.sandbox_retries):
             return False
-        log.warning("sample %s/%s lost its sandbox (%s); playing it again (retry %d of %d)",
+        log.warning("sample %s/%s lost what it ran on (%s); playing it again (retry %d of %d)",
                     sample.group_id, sample.index, meta.get("error"), retries + 1,
                     self.ctx.sandbox_retries)
         for name in ATTEMPT_METADATA:
