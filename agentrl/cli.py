@@ -112,9 +112,7 @@ def _cmd_clean_sandboxes(args: argparse.Namespace) -> int:
 
 def _cmd_serve_env(args: argparse.Namespace) -> int:
     try:
-        import uvicorn
-
-        from agentrl.serve.openenv_server import ServeConfig, build_app, is_loopback
+        from agentrl.serve.openenv_server import ServeConfig, is_loopback, serve
     except ImportError as exc:
         raise AgentRLError(
             f"agentrl serve-env needs the openenv package ({exc}): pip install 'openenv==0.10.*'. "
@@ -123,13 +121,14 @@ def _cmd_serve_env(args: argparse.Namespace) -> int:
     config = ServeConfig(env_id=args.id, env_kwargs=parse_pairs(args.env_kwarg, "--env-kwarg"),
                          host=args.host, port=args.port, max_sessions=args.max_sessions,
                          session_timeout=args.session_timeout, allow_remote=args.allow_remote)
-    app = build_app(config)
+    config.validate()
+    reap_leftovers()  # what sessions of a killed server left
     if not is_loopback(config.host):
         print(f"agentrl serve-env: WARNING: serving on {config.host}, reachable from other machines; "
               "this server runs the commands a model writes", file=sys.stderr, flush=True)
     print(f"agentrl serve-env: {config.env_id} on http://{config.host}:{config.port} "
           f"(OpenEnv; at most {config.max_sessions} sessions)", flush=True)
-    uvicorn.run(app, host=config.host, port=config.port, log_level="warning")
+    serve(config)
     return 0
 
 

@@ -34,9 +34,12 @@ Python functions. Hence the loopback default and the warning for any other host.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
+import signal
 import uuid
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -57,7 +60,8 @@ from pydantic import Field
 from agentrl.env.registry import env_spec
 from agentrl.errors import ConfigError, NoTaskSetError, UnknownSplitError
 
-__all__ = ["FINAL_ANSWER_TOOL", "EpisodeObservation", "ServeConfig", "ServedEnv", "build_app"]
+__all__ = ["FINAL_ANSWER_TOOL", "EpisodeObservation", "ServeConfig", "ServedEnv", "build_app", "is_loopback",
+           "serve"]
 
 FINAL_ANSWER_TOOL = "final_answer"
 """The tool an OpenEnv client calls to play an assistant turn without a tool call: its
@@ -270,14 +274,18 @@ class ServedEnv(Environment):
         return [copy.deepcopy(dict(row)) for row in self.env.task_set(split)[start:stop]]
 
 
-def build_app(config: ServeConfig) -> Any:
+def build_app(config: ServeConfig, live: weakref.WeakSet[ServedEnv] | None = None) -> Any:
     """The FastAPI app serving ``config.env_id`` (checked by making one instance first, so a bad
-    id or ``--env-kwarg`` fails here, not in the first session)."""
+    id or ``--env-kwarg`` fails here, not in the first session). ``live`` collects every session
+    env the app makes (:func:`serve` closes those still open when it stops)."""
     config.validate()
     ServedEnv(config.env_id, config.env_kwargs).env.close()
 
     def factory() -> ServedEnv:
-        return ServedEnv(config.env_id, config.env_kwargs)
+        env = ServedEnv(config.env_id, config.env_kwargs)
+        if live is not None:
+            live.add(env)
+        return env
 
     factory.__name__ = config.env_id
     return create_fastapi_app(
@@ -286,3 +294,32 @@ def build_app(config: ServeConfig) -> Any:
                                              session_timeout=config.session_timeout),
         reset_observation_cls=EpisodeObservation, mode="simulation",
     )
+
+
+def serve(config: ServeConfig) -> None:
+    """Serves until SIGINT or SIGTERM, then closes every session still open, so no sandbox of
+    a session outlives the server."""
+    import uvicorn
+
+    live: weakref.WeakSet[ServedEnv] = weakref.WeakSet()
+    app = build_app(config, live)
+
+    async def run() -> None:
+        server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning"))
+        try:
+            await server.serve()
+        finally:
+            for env in list(live):
+                with contextlib.suppress(Exception):  # one env failing to close must not keep the others
+                    await env.env.aclose()
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    # uvicorn re-raises the signal that stopped it once it has shut down: as an exception here,
+    # not the default handler's exit, so the sessions above are closed first
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        asyncio.run(run())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
