@@ -2,7 +2,8 @@
 #   make demo   - the main job (see README)
 #   make test   - every CPU test tier (as root it also installs bubblewrap and Docker; and vLLM)
 #   make vllm   - vLLM for --rollout-backend vllm (the .[vllm] extra, see scripts/setup-vllm.sh)
-#   (make test also makes .venv-harbor, Python 3.12 with Harbor, see scripts/setup-harbor-check.sh)
+#   (make test also makes .venv-harbor, Python 3.12 with Harbor, see scripts/setup-harbor-check.sh,
+#   and .venv-openenv, the openenv package, see scripts/setup-openenv.sh)
 #   make lint   - ruff, and the layer contracts (import-linter, pyproject.toml)
 #   make bench  - the benchmarks in bench/
 #   make docs   - the documentation site (mkdocs.yml, docs/) built into site/, strictly
@@ -50,6 +51,7 @@ demo: setup
 test: setup system vllm
 	scripts/fetch-sglang-contract.sh
 	scripts/setup-harbor-check.sh
+	scripts/setup-openenv.sh
 	$(PY) -m pytest --durations=30
 
 test-unit: setup

@@ -186,14 +186,26 @@ class OpenEnvSession:
             await http.close()
 
     async def _connect(self) -> None:
+        """Opens the WebSocket; a refused connection is tried again until ``connect_timeout``
+        (a server being restarted comes back on the same port)."""
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=self.connect_timeout))
         ws_url = "ws" + self.url.removeprefix("http") + "/ws"
-        try:
-            self._ws = await asyncio.wait_for(self._http.ws_connect(ws_url, heartbeat=30), self.connect_timeout)
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        deadline = time.monotonic() + self.connect_timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                self._ws = await asyncio.wait_for(self._http.ws_connect(ws_url, heartbeat=30), max(left, 0.1))
+                return
+            except aiohttp.ClientConnectorError as exc:
+                if time.monotonic() + 0.2 < deadline:
+                    await asyncio.sleep(0.2)
+                    continue
+                failure: BaseException = exc
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                failure = exc
             await self.close()
             raise EnvServerLost(f"OpenEnv env at {self.url}: cannot open a session at {ws_url} "
-                                f"({type(exc).__name__}: {exc}); is the server running?") from None
+                                f"({type(failure).__name__}: {failure}); is the server running?") from None
 
     async def _exchange(self, message: dict[str, Any], expected: str) -> dict[str, Any]:
         assert self._ws is not None
