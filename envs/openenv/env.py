@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from agentrl.env import EpisodeState, ToolEnv
@@ -215,6 +215,3 @@ class OpenEnvEnv(ToolEnv):
         if isinstance(last, dict) and "grade" in last:
             state.grade["server_grade"] = last["grade"]
         return float(sum(rewards))
-
-    def oracle_action(self, task: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> Any:
-        raise EnvServerError(f"the OpenEnv env at {self.url} has no scripted oracle here")

@@ -21,6 +21,8 @@ from tests.support.sandboxes import backend_skip_reason
 NEEDS_USER_DATA = {
     "swe-bench-v0": "swe-bench-v0 needs the user's SWE-bench instances and their Docker "
     "images; tests/integration/test_swe_tools.py checks it on a hand-made instance",
+    "openenv-v0": "openenv-v0 plays an OpenEnv server; tests/integration/test_openenv.py runs "
+    "Gymnasium's checker on it against a served env",
 }
 BWRAP_SKIP = backend_skip_reason("bwrap")
 DOCKER_ONLY = {"harbor-v0"}  # plays each task in its own Docker image

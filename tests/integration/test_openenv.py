@@ -330,3 +330,23 @@ def test_episodes_of_a_server_that_went_away_are_played_again_under_fault_tolera
     assert sorted((s.group_id, s.index) for s in samples) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert all(s.status is Status.COMPLETED for s in samples), [s.metadata.get("error") for s in samples]
     assert all(s.metadata.get("sandbox_retries", 0) >= 1 for s in samples)
+
+
+def test_the_openenv_env_passes_gymnasiums_and_agentrls_checkers_on_a_served_env():
+    import gymnasium
+    from gymnasium.utils.env_checker import check_env as gymnasium_check_env
+
+    from agentrl.env import check_env
+    from agentrl.errors import UnknownSplitError
+
+    with serve_env("calc") as (url, _):
+        env = gymnasium.make("agentrl/openenv-v0", url=url)
+        try:
+            gymnasium_check_env(env.unwrapped)  # seeds reach the server: equal seeds, equal episodes
+        finally:
+            env.close()
+        remote = make_env("openenv", url=url)
+        assert [s.split(":")[0] for s in check_env(remote)] == ["oracle"]  # no scripted oracle here
+        with pytest.raises(UnknownSplitError, match=r"has no task split 'dev'; available splits: 'train', 'test'"):
+            remote.task_set("dev")
+        remote.close()

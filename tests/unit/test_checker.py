@@ -49,6 +49,8 @@ NEEDS_USER_DATA = {
     "tests/integration/test_swe_tools.py runs check_env on a hand-made instance",
     "harbor-v0": "harbor-v0 plays each task in a Docker container (not a unit test); "
     "tests/integration/test_harbor.py runs check_env on a Harbor task",
+    "openenv-v0": "openenv-v0 plays an OpenEnv server (none runs in unit tests); "
+    "tests/integration/test_openenv.py runs check_env on a served env",
 }
 
 
