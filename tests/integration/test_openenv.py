@@ -350,3 +350,44 @@ def test_the_openenv_env_passes_gymnasiums_and_agentrls_checkers_on_a_served_env
         with pytest.raises(UnknownSplitError, match=r"has no task split 'dev'; available splits: 'train', 'test'"):
             remote.task_set("dev")
         remote.close()
+
+
+def test_an_agent_through_the_gateway_plays_a_served_env():
+    """The OpenAI SDK example agent, through agentrl's gateway, on served calc: the gateway and
+    the episode records work on the openenv env as on calc itself."""
+    from agentrl.eval.runner import EvalSet, evaluate_sets
+    from agentrl.orchestration.context import make_rollout_context
+    from agentrl.rollout.build import env_factory
+    from agentrl.rollout.config import RolloutConfig
+    from tests.support.engines import ScriptedEngine
+    from tests.support.tokenizers import tiny_tokenizer
+
+    agent = Path(__file__).resolve().parents[2] / "examples" / "openai_sdk_agent.py"
+    with serve_env("calc") as (url, _):
+        config = RolloutConfig(env="openenv", env_kwarg=[f"url={url}"], agent_function_path=f"{agent}:run",
+                               eval_max_prompts=2, rollout_max_context_len=4096, rollout_max_response_len=512)
+        envs = env_factory(config)
+        rows = envs().task_set("test", 2)
+
+        def moves(text: str, rid: str) -> str:
+            task = next(r["task"] for r in rows if r["task"]["question"] in text)
+            if "<tool_response>" not in text:
+                return ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "'
+                        + task["expression"] + '"}}\n</tool_call>')
+            return f"The result is in.\nAnswer: {task['answer']}"
+
+        async def play():
+            engine = ScriptedEngine(tiny_tokenizer(), moves)
+            engine.max_context_len = 4096
+            ctx = make_rollout_context(config, engine, envs)
+            try:
+                return await evaluate_sets(ctx, [EvalSet("openenv", None, "openenv", "test")], "o")
+            finally:
+                await ctx.aclose()
+                await envs.aclose()
+
+        [(metrics, groups)] = asyncio.run(play()).values()
+    samples = [s for g in groups for s in g]
+    assert metrics["success_rate"] == 1.0, [s.metadata.get("error") for s in samples]
+    assert all(s.metadata["finish"] == "agent" and s.metadata["gateway_calls"] == 2 for s in samples)
+    assert metrics["gateway"] == {"segments": 2, "rewrites": 0, "dropped_replies": 0}
