@@ -18,6 +18,7 @@ waiting for a free session when the server is at capacity (``admission_timeout``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import urllib.error
@@ -177,10 +178,9 @@ class OpenEnvSession:
         call repeatedly, and on a broken connection."""
         ws, http, self._ws, self._http = self._ws, self._http, None, None
         if ws is not None and not ws.closed:
-            try:
+            # a server that is gone has nothing to be told
+            with contextlib.suppress(aiohttp.ClientError, ConnectionError, TimeoutError, RuntimeError):
                 await asyncio.wait_for(ws.send_str(json.dumps({"type": "close"})), 5)
-            except (aiohttp.ClientError, ConnectionError, TimeoutError, RuntimeError):
-                pass  # the server is gone: nothing to tell it
             await ws.close()
         if http is not None:
             await http.close()
@@ -210,12 +210,10 @@ class OpenEnvSession:
     async def _exchange(self, message: dict[str, Any], expected: str) -> dict[str, Any]:
         assert self._ws is not None
         try:
-            try:
+            # a server that refused the session (at capacity) has already said why and closed:
+            # the send fails, and its error is still there to be read
+            with contextlib.suppress(aiohttp.ClientError, ConnectionError, RuntimeError):
                 await self._ws.send_str(json.dumps(message))
-            except (aiohttp.ClientError, ConnectionError, RuntimeError):
-                # a server that refused the session (at capacity) has already said why and
-                # closed: its error is still to be read
-                pass
             reply = await asyncio.wait_for(self._ws.receive(), self.message_timeout)
         except TimeoutError:
             await self.close()

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -33,12 +32,10 @@ def wait_healthy(url: str, proc: subprocess.Popen[str], timeout: float = 60.0) -
     while True:
         if proc.poll() is not None:
             raise AssertionError(f"the server exited with {proc.returncode}: {proc.stdout.read() if proc.stdout else ''}")
-        try:
+        with contextlib.suppress(OSError):  # not listening yet
             with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
                 if json.loads(response.read()).get("status") == "healthy":
                     return
-        except OSError:
-            pass
         if time.monotonic() > deadline:
             raise AssertionError(f"the server at {url} did not become healthy in {timeout} s")
         time.sleep(0.2)
@@ -80,7 +77,3 @@ def drive(url: str, env_id: str, *args: str, env_kwargs: dict | None = None,
                           capture_output=True, text=True, timeout=timeout, cwd=REPO)
     assert done.returncode == 0, done.stdout + done.stderr
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-
-
-def python_path_for_template() -> str:
-    return os.pathsep.join(p for p in sys.path if p)
