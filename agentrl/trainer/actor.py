@@ -40,7 +40,7 @@ from agentrl.engine.weight_group import WeightGroup
 from agentrl.errors import ConfigError
 from agentrl.rollout.sample import Sample
 from agentrl.trainer.batch import TrainBatch, build_batch, micro_batches
-from agentrl.trainer.config import TrainerConfig, resolve_off_policy_correction
+from agentrl.trainer.config import TrainerConfig, lora_targets, resolve_off_policy_correction
 from agentrl.trainer.critic import ValueModel
 from agentrl.trainer.distributed import init_model_parallel
 from agentrl.trainer.hf_convert import (
@@ -52,6 +52,7 @@ from agentrl.trainer.hf_convert import (
     read_hf_config,
     save_hf_checkpoint,
 )
+from agentrl.trainer.lora import LoraConfig, add_lora
 from agentrl.trainer.model_flags import check_model_flags
 from agentrl.trainer.replica_metrics import importance_ratio_metrics, sum_over_data_parallel
 from agentrl.trainer.schedule import decay_steps, global_rank, load_schedule
@@ -134,7 +135,14 @@ class MegatronActor:
             self.ref_model = self._build({})
             self.ref_model.load_state_dict(self.model.state_dict())
             self.ref_model.eval().requires_grad_(False)
-        self.ddp, self.optimizer, self.scheduler = self._optimizer_for(self.model, config.lr, total_steps)
+        self.lora: LoraConfig | None = None
+        if config.lora_rank:
+            # after the reference copy: the reference is the base model, without adapters
+            self.lora = LoraConfig(config.lora_rank, config.lora_alpha, config.lora_dropout,
+                                   lora_targets(config.lora_target_modules), seed=config.seed)
+            add_lora(self.model, self.lora)
+        policy_lr = (config.lora_lr or config.lr) if self.lora is not None else config.lr
+        self.ddp, self.optimizer, self.scheduler = self._optimizer_for(self.model, policy_lr, total_steps)
         self.critic = None
         if config.advantage_estimator == "ppo":
             self.critic = ValueModel(self.hf_config, params_dtype=self.params_dtype,

@@ -17,11 +17,53 @@ from agentrl.algorithms.names import AGGREGATIONS, ESTIMATORS, KL_KINDS, default
 from agentrl.config import flag, option
 from agentrl.errors import ConfigError
 
-__all__ = ["CORRECTIONS", "TRANSFORMER_IMPLS", "BatchShape", "TrainerConfig", "batch_shape",
-           "resolve_off_policy_correction"]
+__all__ = ["CORRECTIONS", "LORA_TARGETS", "TRANSFORMER_IMPLS", "BatchShape", "TrainerConfig", "batch_shape",
+           "lora_targets", "resolve_off_policy_correction"]
 
 CORRECTIONS = ("auto", "tis", "mis", "none")
 """``--off-policy-correction`` values."""
+
+LORA_TARGETS: dict[str, str] = {
+    "q_proj": "self_attention.linear_qkv",
+    "k_proj": "self_attention.linear_qkv",
+    "v_proj": "self_attention.linear_qkv",
+    "o_proj": "self_attention.linear_proj",
+    "gate_proj": "mlp.linear_fc1",
+    "up_proj": "mlp.linear_fc1",
+    "down_proj": "mlp.linear_fc2",
+}
+"""``--lora-target-modules`` names (Hugging Face projections) -> the Megatron layer, within a
+decoder layer, that computes each (agentrl/trainer/lora.py)."""
+
+
+def lora_targets(names: str) -> tuple[str, ...]:
+    """The Megatron layers that ``--lora-target-modules`` names.
+
+    Args:
+        names: Comma-separated Hugging Face projection names (:data:`LORA_TARGETS`), or
+            ``all-linear``.
+
+    Raises:
+        ConfigError: No name, an unknown one, or part of a fused group; names the flag.
+    """
+    given = [n.strip() for n in names.split(",") if n.strip()]
+    if not given:
+        raise ConfigError("--lora-target-modules is empty: name projections (" + ",".join(LORA_TARGETS)
+                          + ") or all-linear")
+    if "all-linear" in given:
+        given = list(LORA_TARGETS)
+    unknown = [n for n in given if n not in LORA_TARGETS]
+    if unknown:
+        raise ConfigError(f"--lora-target-modules: unknown {', '.join(unknown)}; choose from "
+                          f"{', '.join(LORA_TARGETS)} or all-linear")
+    for group in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
+        named = [n for n in group if n in given]
+        if named and len(named) < len(group):
+            layer = LORA_TARGETS[group[0]].split(".")[-1]
+            raise ConfigError(f"--lora-target-modules: {', '.join(group)} are one fused layer in the "
+                              f"Megatron model ({layer}); list all of them or none (got {', '.join(named)})")
+    return tuple(dict.fromkeys(LORA_TARGETS[n] for n in given))
+
 
 TRANSFORMER_IMPLS = ("local", "transformer_engine")
 """``--transformer-impl`` values (Megatron-LM's flag and names)."""
@@ -85,6 +127,14 @@ class TrainerConfig:
     adam_eps: float = option(1e-8, "AdamW epsilon")
     clip_grad: float = option(1.0, "gradient-norm clip (0: off)")
     seed: int = option(1234, "trainer random seed")
+    # low-rank adapters (agentrl/trainer/lora.py)
+    lora_rank: int = option(0, "train LoRA adapters of this rank instead of every weight (0: off)")
+    lora_alpha: float = option(16.0, "LoRA scale numerator: the update is (alpha / rank) * B A")
+    lora_dropout: float = option(0.0, "dropout on the adapters' input while training")
+    lora_target_modules: str = option("all-linear", "comma-separated projections to adapt "
+                                      "(q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj; "
+                                      "q/k/v and gate/up together) or all-linear")
+    lora_lr: float | None = option(None, "learning rate of the adapters (default: --lr)")
     # algorithm
     loss_type: str = option("policy_loss", "policy_loss (RL) | sft_loss (supervised warm start "
                             "on demonstrations: assistant tokens only)")
@@ -161,6 +211,12 @@ class TrainerConfig:
         if self.tis_clip_low > self.tis_clip:
             raise ConfigError(f"--tis-clip-low {self.tis_clip_low} is above --tis-clip "
                               f"{self.tis_clip}: the floor must not exceed the cap")
+        if self.lora_rank:
+            lora_targets(self.lora_target_modules)
+            if self.sequence_parallel:
+                raise ConfigError("--lora-rank does not work with --sequence-parallel; drop one")
+        elif self.lora_lr is not None:
+            raise ConfigError("--lora-lr has no effect without --lora-rank R (R >= 1)")
         if self.use_dynamic_batch_size and not self.max_tokens_per_gpu:
             raise ConfigError("--use-dynamic-batch-size needs --max-tokens-per-gpu N")
         if self.use_kl_loss and self.kl_loss_coef <= 0:
@@ -185,18 +241,19 @@ class TrainerConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{flag(name)} must be >= 1, got {value}")
-        positive = ("lr", "critic_lr", "adam_eps", "value_clip", "rotary_base", "norm_epsilon")
+        positive = ("lr", "critic_lr", "adam_eps", "value_clip", "rotary_base", "norm_epsilon",
+                    "lora_alpha", "lora_lr")
         for name in positive:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"{flag(name)} must be > 0, got {value}")
-        non_negative = ("min_lr", "lr_warmup_iters", "weight_decay", "clip_grad", "eps_clip_high",
+        non_negative = ("lora_rank", "min_lr", "lr_warmup_iters", "weight_decay", "clip_grad", "eps_clip_high",
                         "kl_loss_coef", "kl_coef", "tis_clip_low", "tis_clip")
         for name in non_negative:
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise ConfigError(f"{flag(name)} must be >= 0, got {value}")
-        unit = {"eps_clip": "[0, 1)", "adam_beta1": "[0, 1)", "adam_beta2": "[0, 1)",
+        unit = {"eps_clip": "[0, 1)", "adam_beta1": "[0, 1)", "adam_beta2": "[0, 1)", "lora_dropout": "[0, 1)",
                 "gamma": "[0, 1]", "lambd": "[0, 1]"}
         for name, interval in unit.items():
             value = getattr(self, name)

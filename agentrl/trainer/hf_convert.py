@@ -564,7 +564,8 @@ def _all_hf_names(spec: HFModelSpec) -> set[str]:
 
 
 def export_hf_state_dict(model: Any) -> dict[str, torch.Tensor]:
-    """Gathers a model's weights to Hugging Face names and shapes (real vocabulary).
+    """Gathers a model's weights to Hugging Face names and shapes (real vocabulary); LoRA
+    adapters are merged into the weights they adapt.
 
     Collective over the tensor-parallel group: every TP rank must call it, and every rank gets
     the full dict (CPU tensors in the parameter dtype). A tied model has no ``lm_head.weight``,
@@ -582,10 +583,9 @@ def export_hf_state_dict(model: Any) -> dict[str, torch.Tensor]:
         raise ConfigError("exporting Hugging Face weights with --pipeline-model-parallel-size "
                           "> 1 is not supported")
     group = parallel_state.get_tensor_model_parallel_group() if tp > 1 else None
-    params = dict(model.named_parameters())
     out: dict[str, torch.Tensor] = {}
     for rule in _rules(model, spec):
-        local = params[rule.megatron].detach()
+        local = _exported(model, rule.megatron)
         if tp > 1:
             shards = [torch.empty_like(local) for _ in range(tp)]
             dist.all_gather(shards, local.contiguous(), group=group)
@@ -596,6 +596,18 @@ def export_hf_state_dict(model: Any) -> dict[str, torch.Tensor]:
         for name, tensor in zip(rule.hf, _merge(rule, shards, spec), strict=True):
             out[name] = tensor.to("cpu").clone().contiguous()
     return out
+
+
+def _exported(model: Any, name: str) -> torch.Tensor:
+    """This rank's value of parameter ``name`` as exported: a weight with LoRA adapters
+    (:mod:`agentrl.trainer.lora`) merged into it, any other parameter as it is."""
+    from agentrl.trainer.lora import merged_weight
+
+    owner, _, leaf = name.rpartition(".")
+    module = model.get_submodule(owner)
+    if leaf == "weight":
+        return merged_weight(module)
+    return getattr(module, leaf).detach()
 
 
 def save_hf_checkpoint(

@@ -27,6 +27,7 @@ from agentrl.trainer.actor import MegatronActor
 from agentrl.trainer.config import TrainerConfig
 from tests.support.distributed import free_port, spawn
 from tests.support.engines import EveryTurnCalls, FixedLengthTurns
+from tests.support.trainer_samples import uneven_samples
 
 TEMPERATURE = 0.8
 
@@ -454,26 +455,6 @@ def test_the_head_at_trained_positions_only_equals_the_head_everywhere(samples):
     (lp, en, gr), (lp_all, en_all, gr_all) = results[False], results[True]
     assert torch.allclose(lp, lp_all, atol=1e-5) and torch.allclose(en, en_all, atol=1e-5)
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(gr, gr_all, strict=True))
-
-
-def uneven_samples(count: int = 6) -> list[Sample]:
-    """Samples of different lengths (prompts of 5-40 tokens, responses of 3-30, one masked
-    tool reply in the middle of some), in groups of 2."""
-    from agentrl.rollout.sample import Turn
-
-    generator = torch.Generator().manual_seed(7)
-    out = []
-    for i in range(count):
-        prompt = torch.randint(3, 200, (5 + 7 * i,), generator=generator).tolist()
-        n = 3 + (11 * i) % 28
-        mask = [1] * n
-        if i % 2:
-            mask[n // 3 : n // 3 + 2] = [0, 0]
-        out.append(Sample(group_id=i // 2, index=i % 2, tokens=prompt + torch.randint(
-            3, 200, (n,), generator=generator).tolist(), response_length=n, loss_mask=mask,
-            rollout_log_probs=[-1.0 * m for m in mask], reward=float(i % 2), status=Status.COMPLETED,
-            turns=[Turn("assistant", 0, n)]))
-    return out
 
 
 @pytest.mark.parametrize("layout", ["sbhd", "thd"])
