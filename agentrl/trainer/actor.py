@@ -52,7 +52,7 @@ from agentrl.trainer.hf_convert import (
     read_hf_config,
     save_hf_checkpoint,
 )
-from agentrl.trainer.lora import LoraConfig, add_lora
+from agentrl.trainer.lora import LoraConfig, add_lora, save_peft_adapter
 from agentrl.trainer.model_flags import check_model_flags
 from agentrl.trainer.replica_metrics import importance_ratio_metrics, sum_over_data_parallel
 from agentrl.trainer.schedule import decay_steps, global_rank, load_schedule
@@ -501,9 +501,15 @@ class MegatronActor:
             self.weight_group.send(state.values())
 
     def save_hf(self, out_dir: str | Path, tokenizer_dir: str | Path | None = None) -> Path:
-        """Writes a Hugging Face directory (collective over all ranks; rank 0 writes)."""
+        """Writes a Hugging Face directory (collective over all ranks; rank 0 writes). With LoRA
+        the weights have the adapters merged in, and ``adapter/`` holds the adapters alone in
+        PEFT's format, for the base model this run started from."""
         tokenizer_dir = tokenizer_dir or self.hf_checkpoint
-        return save_hf_checkpoint(self.model, self.hf_config, out_dir, tokenizer_dir=tokenizer_dir)
+        out = save_hf_checkpoint(self.model, self.hf_config, out_dir, tokenizer_dir=tokenizer_dir)
+        if self.lora is not None:
+            save_peft_adapter(self.model, self.lora, Path(out_dir) / "adapter",
+                              base_model=str(self.hf_checkpoint) if self.hf_checkpoint else None)
+        return out
 
     def save_checkpoint(self, directory: str | Path, extra: Mapping[str, Any] | None = None) -> None:
         """Saves model, optimizer, scheduler, step and RNG states (Megatron distributed checkpoint;

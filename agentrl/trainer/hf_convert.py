@@ -86,6 +86,7 @@ __all__ = [
     "build_gpt_model",
     "check_transformer_engine",
     "export_hf_state_dict",
+    "export_lora_state_dict",
     "hf_spec_of",
     "load_hf_weights",
     "padded_vocab_size",
@@ -595,6 +596,44 @@ def export_hf_state_dict(model: Any) -> dict[str, torch.Tensor]:
             continue  # a stage copy of the embedding, already exported
         for name, tensor in zip(rule.hf, _merge(rule, shards, spec), strict=True):
             out[name] = tensor.to("cpu").clone().contiguous()
+    return out
+
+
+def export_lora_state_dict(model: Any) -> dict[str, torch.Tensor]:
+    """Gathers a model's LoRA adapters (:mod:`agentrl.trainer.lora`) under PEFT's names:
+    ``base_model.model.<hf module>.lora_A.weight`` (``[r, in]``) and ``.lora_B.weight``
+    (``[out, r]``). A fused Megatron layer's adapter becomes one adapter per projection, sharing
+    ``A`` and taking its rows of ``B`` (the same layout split as the weight's), which is the same
+    update. Collective over the tensor-parallel group like :func:`export_hf_state_dict`."""
+    from megatron.core import parallel_state
+
+    model = unwrap_model(model)
+    spec = hf_spec_of(model)
+    _, tp = _tp_rank_and_size()
+    group = parallel_state.get_tensor_model_parallel_group() if tp > 1 else None
+
+    def gathered(local: torch.Tensor) -> list[torch.Tensor]:
+        if tp == 1:
+            return [local]
+        shards = [torch.empty_like(local) for _ in range(tp)]
+        dist.all_gather(shards, local.contiguous(), group=group)
+        return shards
+
+    out: dict[str, torch.Tensor] = {}
+    for rule in _rules(model, spec):
+        owner, _, leaf = rule.megatron.rpartition(".")
+        module = model.get_submodule(owner) if owner else model
+        if leaf != "weight" or getattr(module, "lora_a", None) is None:
+            continue
+        a, b = module.lora_a.detach(), module.lora_b.detach()
+        if module.lora_row:  # input columns split: A's columns; B whole
+            full_a, parts_b = torch.cat(gathered(a), dim=1), [b]
+        else:  # output rows split: A whole; B's rows, split per projection like the weight's
+            full_a, parts_b = a, _merge(rule, gathered(b), spec)
+        for hf_name, part in zip(rule.hf, parts_b, strict=True):
+            prefix = "base_model.model." + hf_name.removesuffix(".weight")
+            out[f"{prefix}.lora_A.weight"] = full_a.to("cpu").clone().contiguous()
+            out[f"{prefix}.lora_B.weight"] = part.to("cpu").clone().contiguous()
     return out
 
 

@@ -30,10 +30,12 @@ Sequence parallelism is not supported with adapters (the actor refuses the two t
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import types
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,7 +43,7 @@ import torch.nn.functional as F
 
 from agentrl.errors import ConfigError
 
-__all__ = ["LoraConfig", "add_lora", "lora_modules", "merged_weight"]
+__all__ = ["LoraConfig", "add_lora", "lora_modules", "merged_weight", "save_peft_adapter"]
 
 _ROW_PARALLEL = ("self_attention.linear_proj", "mlp.linear_fc2")
 
@@ -128,7 +130,10 @@ def _attach(module: Any, config: LoraConfig, *, row: bool, tp: int, rank: int, n
     module.lora_row = row
     module.register_forward_hook(_adapted_output)
     axes = {"weight": 1, "lora_a": 1} if row else {"weight": 0, "bias": 0, "lora_b": 0}
-    module.sharded_state_dict = types.MethodType(_sharded_state_dict(axes), module)
+    # a gated MLP's linear_fc1 holds [gate; up] rows per rank: megatron checkpoints its weight as
+    # two halves sharded apart (so another TP size reads it back), and B's rows follow the weight's
+    swiglu = not row and name.endswith("mlp.linear_fc1") and bool(module.config.gated_linear_unit)
+    module.sharded_state_dict = types.MethodType(_sharded_state_dict(axes, swiglu), module)
 
 
 def _adapted_output(module: Any, args: tuple[Any, ...], output: Any) -> Any:
@@ -157,13 +162,21 @@ def _adapted_output(module: Any, args: tuple[Any, ...], output: Any) -> Any:
     return out + delta.to(out.dtype), bias
 
 
-def _sharded_state_dict(axes: dict[str, int]) -> Any:
+def _sharded_state_dict(axes: dict[str, int], swiglu: bool) -> Any:
+    """The layer's checkpoint entries with the adapters sharded on ``axes`` (a method)."""
+
     def sharded_state_dict(self: Any, prefix: str = "", sharded_offsets: Any = (), metadata: Any = None) -> Any:
+        from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
         from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
         state = self.state_dict(prefix="", keep_vars=True)
-        return make_sharded_tensors_for_checkpoint(state, prefix, axes, sharded_offsets, tp_group=self.tp_group,
-                                                   dp_cp_group=(metadata or {}).get("dp_cp_group"))
+        sharded = make_sharded_tensors_for_checkpoint(state, prefix, axes, sharded_offsets, tp_group=self.tp_group,
+                                                      dp_cp_group=(metadata or {}).get("dp_cp_group"))
+        if swiglu:
+            key = f"{prefix}lora_b"
+            sharded[key] = apply_swiglu_sharded_factory(sharded[key], sharded_offsets,
+                                                        (metadata or {}).get("singleton_local_shards", False))
+        return sharded
 
     return sharded_state_dict
 
@@ -176,3 +189,41 @@ def merged_weight(module: Any) -> torch.Tensor:
         return weight
     delta = module.lora_b.detach().float() @ module.lora_a.detach().float()  # [out(/tp), in(/tp)]
     return (weight.float() + module.lora_scale * delta).to(weight.dtype)
+
+
+def save_peft_adapter(model: Any, config: LoraConfig, out_dir: str | Path, *, base_model: str | None) -> Path:
+    """Writes the adapters in PEFT's format: ``adapter_config.json`` and
+    ``adapter_model.safetensors``, which ``peft.PeftModel.from_pretrained`` loads onto the
+    Hugging Face base model.
+
+    Collective: every rank calls it (the adapters are gathered over tensor parallelism);
+    global rank 0 writes, then all ranks wait for the files.
+
+    Args:
+        model: The adapted model.
+        config: Its adapters.
+        out_dir: Destination folder (created).
+        base_model: The base model's directory or hub name, recorded in the config.
+    """
+    import torch.distributed as dist
+    from safetensors.torch import save_file
+
+    from agentrl.trainer.config import LORA_TARGETS
+    from agentrl.trainer.hf_convert import export_lora_state_dict
+
+    state = export_lora_state_dict(model)
+    out = Path(out_dir)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        adapter = {
+            "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
+            "r": config.rank, "lora_alpha": config.alpha, "lora_dropout": config.dropout,
+            "target_modules": sorted(n for n, layer in LORA_TARGETS.items() if layer in config.targets),
+            "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
+            "inference_mode": True, "init_lora_weights": True, "modules_to_save": None,
+        }
+        (out / "adapter_config.json").write_text(json.dumps(adapter, indent=2, sort_keys=True) + "\n")
+        save_file(state, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+    if dist.is_initialized():
+        dist.barrier()
+    return out

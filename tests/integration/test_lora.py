@@ -4,6 +4,7 @@ with them, exports merge them, and TP=2 equals TP=1."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -123,15 +124,18 @@ def _tp2_worker(rank: int, port: int, data: str, out: str) -> None:
     samples = [Sample.from_json(line) for line in Path(data).read_text().splitlines()]
     a = actor(tensor_model_parallel_size=2, micro_batch_size=2, **LORA)
     metrics = a.train(samples)
-    torch.save({"metrics": metrics, "after": a.logprobs(samples), "export": a.hf_state_dict()},
-               Path(out) / f"lora-rank{rank}.pt")
+    resumed = actor(tensor_model_parallel_size=2, micro_batch_size=2, **LORA)
+    resumed.load_checkpoint(Path(out) / "tp1-ckpt")  # adapters and their optimizer, resharded
+    torch.save({"metrics": metrics, "after": a.logprobs(samples), "export": a.hf_state_dict(),
+                "resumed": resumed.logprobs(samples)}, Path(out) / f"lora-rank{rank}.pt")
 
 
-def test_tensor_parallel_2_trains_the_same_adapters_as_tp1(tmp_path):
+def test_tensor_parallel_2_trains_the_same_adapters_as_tp1_and_resumes_its_checkpoint(tmp_path):
     samples = uneven_samples()
     single = actor(micro_batch_size=2, **LORA)
     metrics = single.train(samples)
     after, export = single.logprobs(samples), single.hf_state_dict()
+    single.save_checkpoint(tmp_path / "tp1-ckpt")
     data = tmp_path / "samples.jsonl"
     data.write_text("".join(s.to_json() + "\n" for s in samples))
     spawn(_tp2_worker, (free_port(), str(data), str(tmp_path)))
@@ -140,6 +144,7 @@ def test_tensor_parallel_2_trains_the_same_adapters_as_tp1(tmp_path):
         for key in ("loss", "pg_loss", "grad_norm"):
             assert got["metrics"][key] == pytest.approx(metrics[key], abs=1e-5, rel=1e-4), key
         assert torch.allclose(got["after"], after, atol=1e-4)
+        assert torch.allclose(got["resumed"], after, atol=1e-5), (got["resumed"] - after).abs().max()  # a TP=1 checkpoint at TP=2
         for name, tensor in export.items():
             assert torch.allclose(got["export"][name], tensor, atol=1e-5), name
 
@@ -161,3 +166,50 @@ def test_lora_flags_are_checked_with_the_flag_named():
         TrainerConfig(lora_lr=1e-4).validate()
     with pytest.raises(ConfigError, match=r"--lora-rank must be >= 0"):
         TrainerConfig(lora_rank=-1).validate()
+
+
+def test_the_peft_export_loads_with_peft_onto_the_base_with_the_trainers_logits(tmp_path):
+    """The adapters in PEFT's format (adapter_config.json + adapter_model.safetensors) load
+    with the real peft onto the Hugging Face base model; its log-probs equal the trainer's,
+    and the merged export beside it equals peft's merge."""
+    import peft
+    import transformers
+
+    samples = uneven_samples(4)
+    a = actor(**LORA, lora_target_modules="q_proj,k_proj,v_proj,down_proj")
+    a.train(samples)
+    a.save_hf(tmp_path / "export")
+    adapter = tmp_path / "export" / "adapter"
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["target_modules"] == ["down_proj", "k_proj", "q_proj", "v_proj"]
+    assert (config["r"], config["lora_alpha"]) == (4, 8.0)
+    base_model = transformers.AutoModelForCausalLM.from_pretrained(build_tiny_model(), dtype=torch.float32)
+    model = peft.PeftModel.from_pretrained(base_model, str(adapter)).eval()
+    ours = a.logprobs(samples)
+    for row, s in enumerate(samples):
+        ids = torch.tensor([s.tokens])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, :-1] / TEMPERATURE
+        theirs = torch.log_softmax(logits.float(), -1).gather(1, ids[0, 1:, None])[:, 0]
+        start = s.prompt_length - 1
+        span = slice(start, start + s.response_length)
+        mask = torch.tensor(s.loss_mask, dtype=torch.bool)
+        assert torch.allclose(ours[row, span][mask], theirs[span][mask], atol=1e-4)
+    merged = model.merge_and_unload().state_dict()
+    exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32).state_dict()
+    for name in ("model.layers.1.self_attn.k_proj.weight", "model.layers.2.mlp.down_proj.weight"):
+        assert torch.allclose(merged[name], exported[name], atol=1e-6), name
+
+
+def test_a_resumed_lora_run_equals_an_uninterrupted_one(tmp_path):
+    samples = uneven_samples(8)
+    first = actor(**LORA, num_steps_per_rollout=2, global_batch_size=4)
+    first.train(samples)
+    first.save_checkpoint(tmp_path / "ckpt", extra={"rollout_id": 0})
+    resumed = actor(**LORA, num_steps_per_rollout=2, global_batch_size=4)
+    assert resumed.load_checkpoint(tmp_path / "ckpt") == {"rollout_id": 0}
+    assert all(torch.equal(p, adapters(first)[n]) for n, p in adapters(resumed).items())
+    again, continued = resumed.train(samples), first.train(samples)
+    for key in ("loss", "grad_norm", "lr"):
+        assert again[key] == pytest.approx(continued[key], abs=1e-7), key
+    assert torch.allclose(resumed.logprobs(samples), first.logprobs(samples), atol=1e-6)
