@@ -323,3 +323,26 @@ def test_a_plugin_that_fails_every_sample_stops_the_run_and_says_why(tmp_path):
     assert "train.py: error: 4 of 4 samples failed (every sample); the first, sample 0/0" in done.stderr
     assert "PluginError: custom_generate: KeyError: 'tool_result'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_lora_run_trains_resumes_and_exports_a_peft_adapter(tmp_path):
+    """`train.py --lora-rank 8`: the embedded engine samples from the merged weights after each
+    step, the run resumes with --load, and every --save-hf export holds the merged model and
+    the adapter in PEFT's format."""
+    rm = tmp_path / "rm.py"  # a reward with spread, so the adapters get real gradients
+    rm.write_text("def rm(args, sample):\n    return float(len(sample.response) % 3 == 0)\n")
+    command = [*TINY_RUN, "--lora-rank", "8", "--lora-alpha", "16", "--lr", "1e-3", "--no-use-ray",
+               "--custom-rm-path", str(rm), "--rollout-temperature", "1.0", "--n-samples-per-prompt", "4",
+               "--no-progress", "--save-hf", str(tmp_path / "hf"), "--output-dir", str(tmp_path / "run")]
+    first = train(*command, "--num-rollout", "1", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    more = train(*command, "--num-rollout", "2", "--load", str(tmp_path / "run"), cwd=tmp_path)
+    assert more.returncode == 0, more.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rollout_id"] for r in rows] == [0, 1] and any(r["train/grad_norm"] > 0 for r in rows)
+    for rollout in ("rollout_00001", "rollout_00002"):
+        adapter = tmp_path / "hf" / rollout / "adapter"
+        config = json.loads((adapter / "adapter_config.json").read_text())
+        assert config["r"] == 8 and config["peft_type"] == "LORA"
+        assert (adapter / "adapter_model.safetensors").is_file()
+        assert (tmp_path / "hf" / rollout / "model.safetensors").is_file()
