@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import shutil
 import tempfile
@@ -254,6 +255,9 @@ class VLLMEngine(HTTPEngine):
         self._view: Path | None = None  # the untied view of the version served now
         self.served_root: Path | None = None
         """The directory the servers started from, when it is readable here."""
+        self._adapters: list[tuple[str, str]] = []
+        """LoRA adapters loaded by :meth:`update_adapter`, oldest first, as ``(name, version)``;
+        requests name the newest."""
 
     async def prepare_worker(self, url: str) -> None:
         """Checks the server's token-in/token-out and RL endpoints, learns how it names
@@ -317,14 +321,44 @@ class VLLMEngine(HTTPEngine):
         if sampling.max_new_tokens == 0:  # vLLM asks for at least one token
             return GenerateOutput([], [], "length", self._version, len(input_ids))
         request_id = rid if rid is not None else f"agentrl-{uuid.uuid4().hex}"
+        body = generate_request(input_ids, sampling, request_id)
+        adapter = self._adapters[-1] if self._adapters else None
+        if adapter is not None:
+            body["model"] = adapter[0]  # every token of the request comes from this adapter
         self._running[request_id] = base_url
         try:
-            answer = await self._request("POST", f"{base_url}{GENERATE_PATH}",
-                                         generate_request(input_ids, sampling, request_id),
+            answer = await self._request("POST", f"{base_url}{GENERATE_PATH}", body,
                                          retry_unreachable=retry_unreachable)
         finally:
             self._running.pop(request_id, None)
-        return read_generate_response(answer, len(input_ids), self._version)
+        output = read_generate_response(answer, len(input_ids), self._version)
+        if adapter is not None:  # the server's version spans know nothing of adapters
+            output = dataclasses.replace(output, weight_version=adapter[1], token_versions=None)
+        return output
+
+    async def update_adapter(self, path: str, *, version: str) -> None:
+        """Serves LoRA adapters from ``path`` (a PEFT adapter folder every server can read) on
+        the base model: each server loads them under a name of this version
+        (``/v1/load_lora_adapter``; the servers run with ``--enable-lora`` and
+        ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``), and new requests name them. Requests in flight
+        finish with the adapters they started with (their version), so the previous ones stay
+        loaded; older ones are unloaded. Only the adapters travel: no weight reload, and the
+        prefix cache stays valid (vLLM keys it by adapter).
+
+        Raises:
+            EngineError: A server refused the adapters (the client keeps the previous ones).
+        """
+        name = f"agentrl-v{version}"
+        try:
+            await self._each("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, retries=0)
+        except EngineError as exc:
+            raise EngineError(f"loading LoRA adapters {path!r} failed: {exc}; start the servers with "
+                              "--weight-sync adapter (it adds --enable-lora)") from exc
+        self._adapters.append((name, str(version)))
+        self._version = str(version)
+        while len(self._adapters) > 2:
+            old, _ = self._adapters.pop(0)
+            await self._each("POST", "/v1/unload_lora_adapter", {"lora_name": old})
 
     async def update_weights(
         self, *, state_dict: Mapping[str, Any] | None = None, path: str | None = None,

@@ -357,6 +357,9 @@ class TrainerGroup:
     def save_hf(self, out_dir: str | Path, tokenizer_dir: str | Path | None = None) -> Path:
         return self._all("save_hf", str(out_dir), str(tokenizer_dir) if tokenizer_dir else None)
 
+    def save_adapter(self, out_dir: str | Path) -> Path:
+        return self._all("save_adapter", str(out_dir))
+
     def shutdown(self) -> None:
         """Stops the ranks and frees the placement group; also while the ranks still build
         their models (a start-up that failed or was interrupted). Idempotent."""

@@ -46,8 +46,10 @@ class RunConfig:
                               "shared-memory object store for engine actors), disk (a Hugging "
                               "Face directory under <output-dir>/weights), auto (tensor for "
                               "embedded engines, disk for SGLang servers), broadcast (SGLang "
-                              "servers: NCCL from the trainer's rank 0; gloo on CPU)",
-                              choices=("auto", "tensor", "disk", "broadcast"))
+                              "servers: NCCL from the trainer's rank 0; gloo on CPU), adapter "
+                              "(vLLM servers with --lora-rank: only the LoRA adapters, which the "
+                              "servers load onto the base model)",
+                              choices=("auto", "tensor", "disk", "broadcast", "adapter"))
     eval_interval: int | None = option(None, "evaluate every N rollouts (and before the first)")
     output_dir: str | None = option(None, "where metrics, trajectories and checkpoints go; "
                                     "default: a new folder runs/<date>-<time> (runs/latest "

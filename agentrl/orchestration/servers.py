@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.engine.http import HTTPEngine
-from agentrl.errors import EngineError
+from agentrl.errors import ConfigError, EngineError
 from agentrl.orchestration.bundles import engine_bundles
 
 __all__ = ["EngineServers", "launch_servers", "router_command", "server_command", "vllm_defaults",
@@ -70,6 +70,23 @@ def vllm_defaults(rollout: Any, *, gpu: bool) -> dict[str, str | None]:
         defaults.update({"dtype": "float32", "kv-cache-memory-bytes": str(VLLM_CPU_KV_CACHE_BYTES),
                          "enforce-eager": None, "no-enable-chunked-prefill": None})
     return defaults
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ``--max-lora-rank`` values vLLM accepts."""
+
+
+def vllm_lora_args(rank: int) -> dict[str, str | None]:
+    """vLLM server flags for LoRA adapters of rank ``rank``: two resident at once (the newest,
+    and the previous one that requests in flight still use).
+
+    Raises:
+        ConfigError: ``rank`` is above what vLLM serves.
+    """
+    fitting = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not fitting:
+        raise ConfigError(f"--lora-rank {rank} is above the largest rank vLLM serves ({VLLM_LORA_RANKS[-1]})")
+    return {"enable-lora": None, "max-lora-rank": str(fitting[0]), "max-loras": "2"}
 
 
 def vllm_model_dir(checkpoint: str | Path, *, gpu: bool, workdir: str | Path) -> Path:
@@ -209,7 +226,8 @@ class EngineServers:
     latest version; it serves again when healthy. Fault tolerance therefore needs disk weight
     pushes."""
 
-    def __init__(self, rollout: Any, cluster: Any, checkpoint: str | Path, where: Any) -> None:
+    def __init__(self, rollout: Any, cluster: Any, checkpoint: str | Path, where: Any, *,
+                 lora_rank: int = 0) -> None:
         import ray
         import torch
 
@@ -219,8 +237,12 @@ class EngineServers:
         self.per_engine = -(-rollout.rollout_concurrency // max(1, cluster.num_engines))
         self.gpu = torch.cuda.is_available()
         self.workdir: Path | None = None
+        self.lora_rank = lora_rank
         if self.backend == "vllm":
-            self.server_args = _merged(vllm_defaults(rollout, gpu=self.gpu), rollout.vllm_args)
+            defaults = vllm_defaults(rollout, gpu=self.gpu)
+            if lora_rank:
+                defaults.update(vllm_lora_args(lora_rank))
+            self.server_args = _merged(defaults, rollout.vllm_args)
             self.workdir = Path(tempfile.mkdtemp(prefix="agentrl-vllm-"))
             self.checkpoint = str(vllm_model_dir(checkpoint, gpu=self.gpu, workdir=self.workdir))
         else:
@@ -257,6 +279,8 @@ class EngineServers:
         if self.backend != "vllm":
             return {}
         env = {"VLLM_SERVER_DEV_MODE": "1"}
+        if self.lora_rank:  # adapters are loaded while the server runs (/v1/load_lora_adapter)
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         if not self.gpu and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
             env["VLLM_CPU_OMP_THREADS_BIND"] = str(index % (os.cpu_count() or 1))  # one core each
         return env
@@ -378,9 +402,11 @@ class EngineServers:
             self.where.owns_placement = False
 
 
-async def launch_servers(rollout: Any, cluster: Any, checkpoint: str | Path, trainer: Any = None) -> HTTPEngine:
+async def launch_servers(rollout: Any, cluster: Any, checkpoint: str | Path, trainer: Any = None,
+                         lora_rank: int = 0) -> HTTPEngine:
     """Starts (or connects to) the run's inference servers and returns their client; closing
-    the client stops what was started here (see :class:`EngineServers`).
+    the client stops what was started here (see :class:`EngineServers`). ``lora_rank``: vLLM
+    servers that load LoRA adapters of up to that rank (``--weight-sync adapter``).
 
     Raises:
         EngineError: A server or the router did not come up (with its log's tail), or a running
@@ -396,7 +422,8 @@ async def launch_servers(rollout: Any, cluster: Any, checkpoint: str | Path, tra
         return await _engine_class(backend).connect(
             rollout.rollout_engine_urls, tokenizer=tokenizer, concurrency=per_engine,
             tp_size=cluster.rollout_num_gpus_per_engine, **routing)
-    servers = EngineServers(rollout, cluster, checkpoint, await engine_bundles(cluster, trainer))
+    servers = EngineServers(rollout, cluster, checkpoint, await engine_bundles(cluster, trainer),
+                            lora_rank=lora_rank)
     engine = await servers.start(tokenizer)
     engine.servers = servers
     return engine

@@ -50,8 +50,10 @@ async def start_policy(args: Args, checkpoint: str | Path,
     if isinstance(trainer, TrainerGroup):
         closing.callback(trainer.shutdown)
     try:
+        # --weight-sync adapter: vLLM servers that load LoRA adapters of this rank
+        adapters = args.trainer.lora_rank if args.run.weight_sync == "adapter" else 0
         engine = await serve_policy(rollout, cluster, checkpoint,
-                                    trainer=None if background else trainer)
+                                    trainer=None if background else trainer, lora_rank=adapters)
     except Exception as exc:  # a Ray actor's error is made readable; others go as they are
         shown = readable(exc, "starting the rollout engines", debug=args.run.debug) if cluster.use_ray else exc
         if shown is exc:
@@ -79,16 +81,17 @@ def start_trainer(args: Args, checkpoint: str | Path, *, in_background: bool = F
     return MegatronActor(trainer, **kwargs)
 
 
-async def serve_policy(rollout: Any, cluster: Any, checkpoint: str | Path, trainer: Any = None) -> Engine:
+async def serve_policy(rollout: Any, cluster: Any, checkpoint: str | Path, trainer: Any = None,
+                       lora_rank: int = 0) -> Engine:
     """The rollout's engine: inference servers (``--rollout-backend sglang`` / ``sglang-compat`` /
-    ``vllm``),
+    ``vllm``; with ``lora_rank``, vLLM servers that load LoRA adapters of that rank),
     embedded engine actors when ``--rollout-num-gpus`` / ``--colocate`` ask for them, else the
     embedded engine in this process (loaded in a thread). ``--rollout-concurrency`` is split
     evenly over engines."""
     if rollout.rollout_backend != "embedded":
         from agentrl.orchestration.servers import launch_servers  # imports aiohttp
 
-        return await launch_servers(rollout, cluster, checkpoint, trainer=trainer)
+        return await launch_servers(rollout, cluster, checkpoint, trainer=trainer, lora_rank=lora_rank)
     if not cluster.engine_actors:
         return await asyncio.to_thread(load_policy_engine, rollout, max_batch_size=rollout.rollout_concurrency,
                                        max_context_len=rollout.engine_context_len)

@@ -259,6 +259,16 @@ def _check_weight_sync(args: Args) -> None:
         raise ConfigError("--weight-sync broadcast is for SGLang servers: use it with "
                           "--rollout-backend sglang (or sglang-compat); vLLM servers load each "
                           "version from disk (--weight-sync disk, the default)")
+    if sync == "adapter" and (backend != "vllm" or not args.trainer.lora_rank):
+        raise ConfigError("--weight-sync adapter sends only LoRA adapters to vLLM servers: it needs "
+                          "--rollout-backend vllm and --lora-rank R (other engines take the merged "
+                          "weights: drop --weight-sync)")
+    if sync == "adapter" and args.trainer.lora_rank > 512:
+        raise ConfigError(f"--weight-sync adapter: --lora-rank {args.trainer.lora_rank} is above the "
+                          "largest rank vLLM serves (512)")
+    if sync == "adapter" and args.rollout.rollout_engine_urls:
+        raise ConfigError("--weight-sync adapter starts the vLLM servers with --enable-lora: it does "
+                          "not work with --rollout-engine-urls (servers started elsewhere)")
     if sync == "tensor" and backend == "vllm":
         raise ConfigError("--weight-sync tensor: vLLM servers take tensors only through vLLM's "
                           "NCCL or CUDA-IPC transfer, which agentrl does not drive; use "

@@ -12,6 +12,9 @@ or ranks in Ray actors); ``train.py`` then calls :meth:`WeightSync.push` after e
 * ``disk`` (:class:`DiskSync`): the trainer writes a Hugging Face directory
   (``<output-dir>/weights/v<version>``, the previous one deleted) and every engine loads it: the
   general fallback, for engines that share only a filesystem with the trainer.
+* ``adapter`` (:class:`AdapterSync`, vLLM servers with ``--lora-rank``): the trainer writes only
+  its LoRA adapters in PEFT's format (``<output-dir>/weights/adapter-v<version>``) and the servers
+  load them onto the base model they started with; the base weights never move.
 * ``broadcast`` (:class:`BroadcastSync`, SGLang servers): the trainer's rank 0 and every server
   TP rank form a process group (NCCL; gloo on CPU) on the first push; each push broadcasts the
   tensors from rank 0 while the servers receive them (``update_weights_from_distributed``): no
@@ -34,7 +37,7 @@ from agentrl.engine.base import Engine
 from agentrl.errors import ConfigError
 from agentrl.trainer.protocol import Trainer
 
-__all__ = ["BroadcastSync", "DiskSync", "TensorSync", "WeightSync", "weight_sync_for"]
+__all__ = ["AdapterSync", "BroadcastSync", "DiskSync", "TensorSync", "WeightSync", "weight_sync_for"]
 
 
 class WeightSync(abc.ABC):
@@ -101,6 +104,35 @@ class DiskSync(WeightSync):
                 shutil.rmtree(old, ignore_errors=True)
 
 
+class AdapterSync(WeightSync):
+    """LoRA adapters alone, through a PEFT folder under ``root`` that vLLM servers load
+    (:meth:`~agentrl.engine.vllm.VLLMEngine.update_adapter`).
+
+    Args:
+        engine: The rollout's vLLM servers, started with ``--enable-lora``.
+        root: Where versions are written (``<output-dir>/weights``).
+    """
+
+    mode = "adapter"
+
+    def __init__(self, engine: Engine, actor: Trainer, root: str | Path) -> None:
+        from agentrl.engine.vllm import VLLMEngine
+
+        if not isinstance(engine, VLLMEngine):
+            raise ConfigError("--weight-sync adapter is for vLLM servers (--rollout-backend vllm)")
+        super().__init__(engine, actor)
+        self.vllm = engine
+        self.root = Path(root)
+        self.kept: list[Path] = []
+
+    async def push(self, version: str) -> None:
+        path = Path(await asyncio.to_thread(self.actor.save_adapter, self.root / f"adapter-v{version}"))
+        await self.vllm.update_adapter(str(path), version=version)
+        self.kept.append(path)
+        while len(self.kept) > 2:  # the servers keep the previous adapters for requests in flight
+            shutil.rmtree(self.kept.pop(0), ignore_errors=True)
+
+
 class BroadcastSync(WeightSync):
     """SGLang's NCCL path (gloo on CPU): the first push forms a group of the trainer's rank 0
     and every server TP rank; each push then broadcasts the tensors while the servers receive.
@@ -158,12 +190,13 @@ def weight_sync_for(engine: Engine, actor: Trainer, mode: str, output_dir: str |
         engine: The rollout's engine (embedded, an engine group, or SGLang servers).
         actor: The trainer (in this process, or a :class:`~agentrl.orchestration.cluster.
             TrainerGroup` of Ray actors).
-        mode: ``tensor``, ``disk``, ``broadcast`` or ``auto`` (disk for SGLang and vLLM
-            servers, else tensor).
+        mode: ``tensor``, ``disk``, ``broadcast``, ``adapter`` or ``auto`` (disk for SGLang
+            and vLLM servers, else tensor).
         output_dir: The run's folder; ``disk`` writes under ``<output_dir>/weights``.
 
     Raises:
-        ConfigError: ``broadcast`` for an engine that is not SGLang servers, or an unknown mode.
+        ConfigError: ``broadcast`` for an engine that is not SGLang servers, ``adapter`` for one
+            that is not vLLM servers, or an unknown mode.
     """
     if mode == "auto":
         from agentrl.engine.http import HTTPEngine
@@ -175,4 +208,6 @@ def weight_sync_for(engine: Engine, actor: Trainer, mode: str, output_dir: str |
         return DiskSync(engine, actor, Path(output_dir) / "weights")
     if mode == "broadcast":
         return BroadcastSync(engine, actor)
-    raise ConfigError(f"--weight-sync must be auto, tensor, disk or broadcast, got {mode!r}")
+    if mode == "adapter":
+        return AdapterSync(engine, actor, Path(output_dir) / "weights")
+    raise ConfigError(f"--weight-sync must be auto, tensor, disk, broadcast or adapter, got {mode!r}")

@@ -511,6 +511,17 @@ class MegatronActor:
                               base_model=str(self.hf_checkpoint) if self.hf_checkpoint else None)
         return out
 
+    def save_adapter(self, out_dir: str | Path) -> Path:
+        """Writes the LoRA adapters alone in PEFT's format (collective; rank 0 writes).
+
+        Raises:
+            ConfigError: The policy has no adapters (``--lora-rank`` is 0).
+        """
+        if self.lora is None:
+            raise ConfigError("there are no LoRA adapters to write: --weight-sync adapter needs --lora-rank R")
+        return save_peft_adapter(self.model, self.lora, out_dir,
+                                 base_model=str(self.hf_checkpoint) if self.hf_checkpoint else None)
+
     def save_checkpoint(self, directory: str | Path, extra: Mapping[str, Any] | None = None) -> None:
         """Saves model, optimizer, scheduler, step and RNG states (Megatron distributed checkpoint;
         reshardable: a TP=1 checkpoint loads at TP=2). ``extra`` is kept with it (JSON-able)."""

@@ -346,3 +346,20 @@ def test_a_lora_run_trains_resumes_and_exports_a_peft_adapter(tmp_path):
         assert config["r"] == 8 and config["peft_type"] == "LORA"
         assert (adapter / "adapter_model.safetensors").is_file()
         assert (tmp_path / "hf" / rollout / "model.safetensors").is_file()
+
+
+def test_vllm_serves_lora_adapters_pushed_alone(tmp_path):
+    """--rollout-backend vllm --weight-sync adapter --lora-rank 8: the server (a Ray actor) starts
+    with --enable-lora, each version sends only the adapters (PEFT's format), and the second
+    rollout is sampled with them."""
+    from tests.support.vllm import require_vllm
+
+    require_vllm()
+    out = tmp_path / "run"
+    done = train(*TINY_RUN, "--num-rollout", "2", "--rollout-backend", "vllm", "--rollout-num-gpus", "1",
+                 "--lora-rank", "8", "--weight-sync", "adapter", "--output-dir", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    second = (out / "trajectories" / "rollout_00001.jsonl").read_text().splitlines()
+    assert {json.loads(line)["weight_version"] for line in second} == {"1"}
+    assert sorted(p.name for p in (out / "weights").iterdir()) == ["adapter-v1", "adapter-v2"]
+    assert (out / "weights" / "adapter-v2" / "adapter_config.json").is_file()

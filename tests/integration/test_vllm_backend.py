@@ -611,3 +611,44 @@ def _sampled_only_difference(actor: MegatronActor, sample: Sample) -> float:
     logp = actor.logprobs([sample])[0, sample.prompt_length - 1:][: sample.response_length]
     mask = torch.tensor(sample.loss_mask, dtype=torch.bool)
     return float((logp[mask] - torch.tensor(sample.rollout_log_probs)[mask]).abs().max())
+
+
+def test_lora_adapters_alone_reach_vllm_and_it_serves_the_trained_policy(tmp_path):
+    """--weight-sync adapter: after a LoRA step only the adapters (PEFT's format) go to a vLLM
+    server started with --enable-lora; what it samples then has the trainer's log-probs and the
+    new version, and the base weights it serves without adapters are unchanged."""
+    from agentrl.orchestration.servers import vllm_lora_args
+    from agentrl.orchestration.weights import AdapterSync
+    from tests.support.trainer_samples import uneven_samples
+
+    actor = MegatronActor(TrainerConfig(lr=1e-2, lora_rank=8, lora_alpha=16.0), hf_checkpoint=build_tiny_model(),
+                          rollout_temperature=1.0, total_steps=4)
+    actor.train(uneven_samples())
+    base = trainer()
+    with vllm_server(tmp_path / "lora.log", server_args=vllm_lora_args(8),
+                     env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}) as url:
+        async def scenario():
+            engine = await VLLMEngine.connect([url])
+            try:
+                sync = AdapterSync(engine, actor, tmp_path / "weights")
+                sampling = SamplingParams(max_new_tokens=24, temperature=1.0, ignore_eos=True)
+
+                async def sample(tag: str) -> list[GenerateOutput]:
+                    return list(await asyncio.gather(*(
+                        engine.generate(p, sampling.replace(sampling_seed=i), rid=f"{tag}-{i}")
+                        for i, p in enumerate(PROMPTS))))
+
+                before = await sample("base")
+                for version in ("1", "2", "3"):  # older adapters are unloaded, the last two kept
+                    await sync.push(version)
+                after = await sample("lora")
+                return before, after, sorted(p.name for p in (tmp_path / "weights").iterdir())
+            finally:
+                await engine.close()
+
+        before, after, kept = asyncio.run(scenario())
+    assert all(o.weight_version == "0" for o in before) and all(o.weight_version == "3" for o in after)
+    assert kept == ["adapter-v2", "adapter-v3"]
+    assert max_logprob_difference(base, as_samples(PROMPTS, before)) <= LOGPROB_TOLERANCE
+    assert max_logprob_difference(actor, as_samples(PROMPTS, after)) <= LOGPROB_TOLERANCE
+    assert max_logprob_difference(base, as_samples(PROMPTS, after)) > 100 * LOGPROB_TOLERANCE  # it changed

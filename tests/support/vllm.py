@@ -37,18 +37,20 @@ def require_vllm() -> None:
 @contextlib.contextmanager
 def vllm_server(log: Path, *, seed: int = 0, model: str | Path | None = None,
                 rollout: RolloutConfig | None = None,
-                server_args: dict[str, str | None] | None = None) -> Iterator[str]:
+                server_args: dict[str, str | None] | None = None,
+                env: dict[str, str] | None = None) -> Iterator[str]:
     """A vLLM server with agentrl's defaults for ``rollout``'s sampling flags (and
-    ``server_args`` over them, vLLM's names: ``{"tool-call-parser": "hermes"}``); its base URL.
+    ``server_args`` over them, vLLM's names: ``{"tool-call-parser": "hermes"}``, and ``env`` added
+    to its environment); its base URL.
     Its output goes to ``log`` (shown when it fails to start)."""
     port = free_port()
     args = _merged(vllm_defaults(rollout or RolloutConfig(env="calc"), gpu=False),
                    dict(server_args or {}))
     served = vllm_model_dir(model or build_tiny_model(), gpu=False, workdir=log.parent)
     command = server_command("vllm", served, port=port, server_args=args, seed=seed)
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
     with log.open("ab") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "VLLM_SERVER_DEV_MODE": "1", **(env or {})},
                                 start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:

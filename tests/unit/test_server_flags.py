@@ -82,6 +82,13 @@ def test_server_and_router_command_lines():
      "use --weight-sync disk"),
     (["--rollout-backend", "vllm", "--rollout-num-gpus", "1", "--weight-sync", "broadcast"],
      "vLLM servers load each version from disk"),
+    (["--rollout-backend", "vllm", "--rollout-num-gpus", "1", "--weight-sync", "adapter"],
+     "--weight-sync adapter sends only LoRA adapters to vLLM servers: it needs"),
+    (["--weight-sync", "adapter", "--lora-rank", "8"], "it needs --rollout-backend vllm and --lora-rank R"),
+    (["--rollout-backend", "vllm", "--rollout-num-gpus", "1", "--weight-sync", "adapter", "--lora-rank", "600"],
+     "--lora-rank 600 is above the largest rank vLLM serves (512)"),
+    (["--rollout-backend", "vllm", "--rollout-engine-urls", "http://a:1", "--weight-sync", "adapter",
+      "--lora-rank", "8"], "does not work with --rollout-engine-urls"),
     (["--rollout-backend", "vllm", "--colocate"], "frees nothing on a machine without GPUs"),
     (["--rollout-backend", "vllm", "--rollout-num-gpus", "2", "--rollout-num-gpus-per-engine", "2"],
      "tensor-parallel vLLM servers, which need GPUs"),
@@ -139,3 +146,13 @@ def test_the_vllm_logprobs_mode_matches_what_the_trainer_recomputes(temperature,
     from agentrl.engine.vllm import logprobs_mode_for
 
     assert logprobs_mode_for(temperature, top_p, top_k) == mode
+
+
+def test_adapter_weight_sync_starts_vllm_with_lora():
+    from agentrl.orchestration.servers import vllm_lora_args
+
+    args = parse_args(["--env", "calc", "--rollout-backend", "vllm", "--rollout-num-gpus", "1",
+                       "--weight-sync", "adapter", "--lora-rank", "12"])
+    assert args.run.weight_sync == "adapter" and args.trainer.lora_rank == 12
+    assert vllm_lora_args(12) == {"enable-lora": None, "max-lora-rank": "16", "max-loras": "2"}
+    assert vllm_lora_args(8)["max-lora-rank"] == "8"
