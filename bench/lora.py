@@ -10,10 +10,11 @@ Hugging Face state dict (what the disk, tensor and object-store paths send) agai
 alone (what an engine that loads adapters natively would take).
 
 Headline figures (one JSON line each): ``lora_optimizer_state_fraction`` (LoRA / full optimizer
-bytes, per model; report), ``lora_step_time_ratio`` (LoRA / full step seconds; report) and
-``lora_sync_bytes_fraction`` (adapter / merged bytes per update; report).
+bytes, per model; report), ``lora_step_time_ratio`` (LoRA / full step seconds; report),
+``lora_sync_bytes_fraction`` (adapter / merged bytes per update; report) and, with ``--vllm``,
+``lora_vllm_update_s`` (seconds of one update to a vLLM server, adapters alone and merged).
 
-    python bench/lora.py [--rank 8] [--half-b] [--rounds 3]
+    python bench/lora.py [--rank 8] [--half-b] [--vllm] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def samples(count: int, length: int):
     out = []
     for i in range(count):
         n = length // 2
-        tokens = torch.randint(3, 5000, (length,), generator=generator).tolist()
+        tokens = torch.randint(3, 4000, (length,), generator=generator).tolist()  # within the tiny vocabulary
         out.append(Sample(group_id=i // 2, index=i % 2, tokens=tokens, response_length=n, loss_mask=[1] * n,
                           rollout_log_probs=[-1.0] * n, reward=float(i % 2), status=Status.COMPLETED,
                           turns=[Turn("assistant", 0, n)]))
@@ -72,29 +73,36 @@ def child(args: argparse.Namespace) -> None:
     from agentrl.trainer.config import TrainerConfig
     from agentrl.trainer.hf_convert import export_lora_state_dict
 
-    base = peak_rss_mib()
     flags = {"lr": 1e-5, "micro_batch_size": 2}
     if args.child == "lora":
         flags.update(lora_rank=args.rank, lora_alpha=2.0 * args.rank)
-    actor = MegatronActor(TrainerConfig(**flags), hf_checkpoint=args.model, total_steps=args.rounds + 1)
     batch = samples(args.samples, args.length)
-    actor.train(batch)  # warm-up: the optimizer's state exists from here on
-    times = []
-    for _ in range(args.rounds):
-        start = time.perf_counter()
-        actor.train(batch)
-        times.append(time.perf_counter() - start)
+    made: dict[str, object] = {}
+    times: list[float] = []
+
+    def work() -> None:  # the model, its optimizer's state and the steps: what the run holds
+        made["actor"] = actor = MegatronActor(TrainerConfig(**flags), hf_checkpoint=args.model,
+                                              total_steps=args.rounds + 1)
+        actor.train(batch)  # warm-up: the optimizer's state exists from here on
+        for _ in range(args.rounds):
+            start = time.perf_counter()
+            actor.train(batch)
+            times.append(time.perf_counter() - start)
+
+    peak = peak_rss_mib(work)
+    actor = made["actor"]
     state_bytes = 0
-    for group in actor.optimizer.param_groups:
-        for param in group["params"]:
-            for value in actor.optimizer.state.get(param, {}).values():
-                if torch.is_tensor(value) and value.dim() > 0:
+    for inner in getattr(actor.optimizer, "chained_optimizers", [actor.optimizer]):
+        torch_optimizer = inner.optimizer  # megatron's wrapper around torch's Adam
+        for per_param in torch_optimizer.state.values():
+            for value in per_param.values():
+                if torch.is_tensor(value) and value.dim() > 0:  # Adam's moments, not its step count
                     state_bytes += value.numel() * value.element_size()
     merged = sum(t.numel() * t.element_size() for t in actor.hf_state_dict().values())
     adapters = (sum(t.numel() * t.element_size() for t in export_lora_state_dict(actor.model).values())
                 if args.child == "lora" else 0)
     trainable = sum(p.numel() for p in actor.model.parameters() if p.requires_grad)
-    print(json.dumps({"optimizer_state_bytes": state_bytes, "peak_over_base_mib": peak_rss_mib() - base,
+    print(json.dumps({"optimizer_state_bytes": state_bytes, "peak_over_base_mib": peak,
                       "step_s": statistics.median(times), "merged_sync_bytes": merged,
                       "adapter_sync_bytes": adapters, "trainable_params": trainable}))
 
@@ -108,6 +116,45 @@ def run_side(side: str, model: Path, args: argparse.Namespace) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def vllm_update_seconds(rank: int, pushes: int) -> dict[str, float]:
+    """Median seconds of one weight update to a vLLM server (started with --enable-lora) for the
+    tiny model's LoRA policy: the adapters alone (``--weight-sync adapter``) and the merged
+    weights through disk (``--weight-sync disk``), each written, loaded and in service."""
+    import asyncio
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from agentrl.engine.vllm import VLLMEngine
+    from agentrl.orchestration.servers import vllm_lora_args
+    from agentrl.orchestration.weights import AdapterSync, DiskSync
+    from agentrl.trainer.actor import MegatronActor
+    from agentrl.trainer.config import TrainerConfig
+    from tests.support.vllm import vllm_server
+
+    actor = MegatronActor(TrainerConfig(lr=1e-3, lora_rank=rank, lora_alpha=2.0 * rank),
+                          hf_checkpoint=build_tiny_model(), total_steps=2)
+    actor.train(samples(8, 128))
+    with tempfile.TemporaryDirectory() as tmp, vllm_server(
+            Path(tmp) / "vllm.log", server_args=vllm_lora_args(rank),
+            env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}) as url:
+        async def measure() -> dict[str, float]:
+            engine = await VLLMEngine.connect([url])
+            try:
+                out = {}
+                for name, sync in (("adapter", AdapterSync(engine, actor, Path(tmp) / "adapter")),
+                                   ("merged", DiskSync(engine, actor, Path(tmp) / "merged"))):
+                    times = []
+                    for version in range(1, pushes + 1):
+                        start = time.perf_counter()
+                        await sync.push(str(version))
+                        times.append(time.perf_counter() - start)
+                    out[name] = round(statistics.median(times), 3)
+                return out
+            finally:
+                await engine.close()
+
+        return asyncio.run(measure())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rank", type=int, default=8)
@@ -115,6 +162,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--half-b", action="store_true", help="also the 0.5B-shaped model (minutes, ~10 GB)")
+    parser.add_argument("--vllm", action="store_true",
+                        help="also time one weight update to a vLLM server: adapters alone vs merged weights")
     parser.add_argument("--child", choices=["full", "lora"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -139,6 +188,10 @@ def main() -> None:
     print(json.dumps({"name": "lora_optimizer_state_fraction", "value": fractions, "target": "report"}))
     print(json.dumps({"name": "lora_step_time_ratio", "value": ratios, "target": "report"}))
     print(json.dumps({"name": "lora_sync_bytes_fraction", "value": sync, "target": "report"}))
+    if args.vllm:
+        seconds = vllm_update_seconds(args.rank, pushes=3)
+        print(f"vLLM update (tiny model): adapters alone {seconds['adapter']} s, merged weights {seconds['merged']} s")
+        print(json.dumps({"name": "lora_vllm_update_s", "value": seconds, "target": "report"}))
 
 
 if __name__ == "__main__":
