@@ -106,6 +106,17 @@ def one_seed(seed: int, args: argparse.Namespace, out: Path) -> dict[str, float]
     print(f"seed {seed}: warm start {before:.3f} -> GRPO {after:.3f} (SFT {sft_s:.0f} s, "
           f"GRPO {grpo_s:.0f} s)", flush=True)
     result = {"seed": seed, "before": before, "after": after, "sft_s": sft_s, "grpo_s": grpo_s}
+    if args.lora_rank:  # the same GRPO from the same warm start, training LoRA adapters only
+        lora_s = run_train([*common, "--hf-checkpoint", str(warm), "--num-rollout", str(args.grpo_rollouts),
+                            "--rollout-batch-size", "8", "--n-samples-per-prompt", "8", "--lr", "3e-4",
+                            "--lora-rank", str(args.lora_rank), "--lora-lr", str(args.lora_lr),
+                            "--rollout-shuffle", "--save-hf", str(run / "lora-hf"),
+                            "--save-interval", str(args.grpo_rollouts), "--output-dir", str(run / "lora")])
+        lora_after = held_out_success(run / "lora-hf" / f"rollout_{args.grpo_rollouts:05d}", args.eval_tasks,
+                                      args.eval_samples)
+        print(f"seed {seed}: warm start {before:.3f} -> GRPO with LoRA r={args.lora_rank} {lora_after:.3f} "
+              f"({lora_s:.0f} s; full fine-tuning {after:.3f} in {grpo_s:.0f} s)", flush=True)
+        result.update(lora_after=lora_after, lora_s=lora_s)
     (run / "result.json").write_text(json.dumps(result) + "\n")
     return result
 
@@ -182,6 +193,10 @@ def main() -> None:
                              "solves >= 0.2 of held-out tasks at T=1; see the module docstring)")
     parser.add_argument("--grpo-rollouts", type=int, default=150,
                         help="GRPO rollouts of 8x8 (150: about 15 minutes on 2 cores)")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="calc: also run the GRPO phase with LoRA adapters of this rank from the same "
+                        "warm start, and report both held-out gains and wall times")
+    parser.add_argument("--lora-lr", type=float, default=1e-3, help="the adapters' learning rate")
     parser.add_argument("--eval-tasks", type=int, default=200)
     parser.add_argument("--eval-samples", type=int, default=4)
     parser.add_argument("--out", default="runs/learning")
@@ -216,6 +231,13 @@ def main() -> None:
     plot(out, args.seeds)
     print(json.dumps({"name": "learning_gain", "value": round(statistics.fmean(gains), 3),
                       "target": ">= 0.2"}))
+    with_lora = [r for r in results if "lora_after" in r]
+    if with_lora:
+        print(json.dumps({"name": "lora_vs_full_heldout_gain", "value": {
+            "full": round(statistics.fmean(r["after"] - r["before"] for r in with_lora), 3),
+            "lora": round(statistics.fmean(r["lora_after"] - r["before"] for r in with_lora), 3),
+            "full_grpo_s": round(statistics.fmean(r["grpo_s"] for r in with_lora)),
+            "lora_grpo_s": round(statistics.fmean(r["lora_s"] for r in with_lora))}, "target": "report"}))
 
 
 if __name__ == "__main__":
