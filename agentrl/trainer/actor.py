@@ -598,7 +598,8 @@ class MegatronActor:
                           self.total_steps)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        load_schedule(self.scheduler, state["scheduler"], "policy", "--lr", self.config,
+        load_schedule(self.scheduler, state["scheduler"], "policy",
+                      "--lora-lr" if self.lora is not None and self.config.lora_lr else "--lr", self.config,
                       self.total_steps)
         self.step = int(state["step"])
         torch.set_rng_state(state["rng"])
