@@ -97,23 +97,21 @@ def one_seed(seed: int, args: argparse.Namespace, out: Path) -> dict[str, float]
     before = held_out_success(warm, args.eval_tasks, args.eval_samples)
     print(f"seed {seed}: warm start held-out success {before:.3f} ({args.sft_rollouts} SFT steps, "
           f"{sft_s:.0f} s)", flush=True)
-    grpo_s = run_train([*common, "--hf-checkpoint", str(warm), "--num-rollout", str(args.grpo_rollouts),
-                        "--rollout-batch-size", "8", "--n-samples-per-prompt", "8", "--lr", "3e-4",
-                        "--rollout-shuffle", "--save-hf", str(run / "grpo-hf"),
-                        "--save-interval", str(args.grpo_rollouts), "--output-dir", str(run / "grpo")])
-    after = held_out_success(run / "grpo-hf" / f"rollout_{args.grpo_rollouts:05d}", args.eval_tasks,
-                             args.eval_samples)
+    def grpo(name: str, *flags: str) -> tuple[float, float]:
+        """GRPO from the warm start into ``run/name``: (wall seconds, held-out success after)."""
+        seconds = run_train([*common, "--hf-checkpoint", str(warm), "--num-rollout", str(args.grpo_rollouts),
+                             "--rollout-batch-size", "8", "--n-samples-per-prompt", "8", "--lr", "3e-4", *flags,
+                             "--rollout-shuffle", "--save-hf", str(run / f"{name}-hf"),
+                             "--save-interval", str(args.grpo_rollouts), "--output-dir", str(run / name)])
+        return seconds, held_out_success(run / f"{name}-hf" / f"rollout_{args.grpo_rollouts:05d}",
+                                         args.eval_tasks, args.eval_samples)
+
+    grpo_s, after = grpo("grpo")
     print(f"seed {seed}: warm start {before:.3f} -> GRPO {after:.3f} (SFT {sft_s:.0f} s, "
           f"GRPO {grpo_s:.0f} s)", flush=True)
     result = {"seed": seed, "before": before, "after": after, "sft_s": sft_s, "grpo_s": grpo_s}
     if args.lora_rank:  # the same GRPO from the same warm start, training LoRA adapters only
-        lora_s = run_train([*common, "--hf-checkpoint", str(warm), "--num-rollout", str(args.grpo_rollouts),
-                            "--rollout-batch-size", "8", "--n-samples-per-prompt", "8", "--lr", "3e-4",
-                            "--lora-rank", str(args.lora_rank), "--lora-lr", str(args.lora_lr),
-                            "--rollout-shuffle", "--save-hf", str(run / "lora-hf"),
-                            "--save-interval", str(args.grpo_rollouts), "--output-dir", str(run / "lora")])
-        lora_after = held_out_success(run / "lora-hf" / f"rollout_{args.grpo_rollouts:05d}", args.eval_tasks,
-                                      args.eval_samples)
+        lora_s, lora_after = grpo("lora", "--lora-rank", str(args.lora_rank), "--lora-lr", str(args.lora_lr))
         print(f"seed {seed}: warm start {before:.3f} -> GRPO with LoRA r={args.lora_rank} {lora_after:.3f} "
               f"({lora_s:.0f} s; full fine-tuning {after:.3f} in {grpo_s:.0f} s)", flush=True)
         result.update(lora_after=lora_after, lora_s=lora_s)
