@@ -34,7 +34,7 @@ THIRD_PARTY = {
     "--model", "--tensor-parallel-size", "--enable-scale-out", "--enable-prompt-tokens-details",
     "--logprobs-mode", "--max-model-len", "--dtype", "--kv-cache-memory-bytes",
     "--enforce-eager", "--enable-sleep-mode", "--seed", "--max-num-seqs",
-    "--gpu-memory-utilization", "--no-enforce-eager",
+    "--gpu-memory-utilization", "--no-enforce-eager", "--enable-lora", "--max-lora-rank",
     # bubblewrap, nsenter, setpriv and prlimit: the command lines of the bwrap and process
     # sandboxes (agentrl.sandbox.bwrap, agentrl.sandbox.local)
     "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "--hostname",
