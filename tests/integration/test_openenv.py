@@ -239,10 +239,10 @@ def test_a_server_that_dies_or_hangs_mid_episode_fails_the_episode_within_the_ti
         async def ws(request):
             socket = web.WebSocketResponse()
             await socket.prepare(request)
-            async for _ in socket:
-                pass
+            await never_answered.wait()  # holds the session open and says nothing
             return socket
 
+        never_answered = asyncio.Event()
         app = web.Application()
         app.add_routes([web.get("/schema", schema), web.post("/mcp", mcp), web.get("/ws", ws)])
         runner = web.AppRunner(app)
@@ -257,6 +257,7 @@ def test_a_server_that_dies_or_hangs_mid_episode_fails_the_episode_within_the_ti
             await env.areset(seed=0)
         assert time.monotonic() - started < 10
         await env.aclose()
+        never_answered.set()
         await runner.cleanup()
 
     asyncio.run(hangs())
