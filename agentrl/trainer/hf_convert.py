@@ -575,23 +575,14 @@ def export_hf_state_dict(model: Any) -> dict[str, torch.Tensor]:
     Raises:
         ConfigError: Pipeline parallelism is on (each stage holds only its own layers).
     """
-    from megatron.core import parallel_state
-
     model = unwrap_model(model)
     spec = hf_spec_of(model)
-    _, tp = _tp_rank_and_size()
     if _parallel_sizes()[1] > 1:
         raise ConfigError("exporting Hugging Face weights with --pipeline-model-parallel-size "
                           "> 1 is not supported")
-    group = parallel_state.get_tensor_model_parallel_group() if tp > 1 else None
     out: dict[str, torch.Tensor] = {}
     for rule in _rules(model, spec):
-        local = _exported(model, rule.megatron)
-        if tp > 1:
-            shards = [torch.empty_like(local) for _ in range(tp)]
-            dist.all_gather(shards, local.contiguous(), group=group)
-        else:
-            shards = [local]
+        shards = _tp_shards(_exported(model, rule.megatron))
         if rule.megatron == "output_layer.weight" and spec.tie_word_embeddings:
             continue  # a stage copy of the embedding, already exported
         for name, tensor in zip(rule.hf, _merge(rule, shards, spec), strict=True):
@@ -605,20 +596,8 @@ def export_lora_state_dict(model: Any) -> dict[str, torch.Tensor]:
     (``[out, r]``). A fused Megatron layer's adapter becomes one adapter per projection, sharing
     ``A`` and taking its rows of ``B`` (the same layout split as the weight's), which is the same
     update. Collective over the tensor-parallel group like :func:`export_hf_state_dict`."""
-    from megatron.core import parallel_state
-
     model = unwrap_model(model)
     spec = hf_spec_of(model)
-    _, tp = _tp_rank_and_size()
-    group = parallel_state.get_tensor_model_parallel_group() if tp > 1 else None
-
-    def gathered(local: torch.Tensor) -> list[torch.Tensor]:
-        if tp == 1:
-            return [local]
-        shards = [torch.empty_like(local) for _ in range(tp)]
-        dist.all_gather(shards, local.contiguous(), group=group)
-        return shards
-
     out: dict[str, torch.Tensor] = {}
     for rule in _rules(model, spec):
         owner, _, leaf = rule.megatron.rpartition(".")
@@ -627,14 +606,26 @@ def export_lora_state_dict(model: Any) -> dict[str, torch.Tensor]:
             continue
         a, b = module.lora_a.detach(), module.lora_b.detach()
         if module.lora_row:  # input columns split: A's columns; B whole
-            full_a, parts_b = torch.cat(gathered(a), dim=1), [b]
+            full_a, parts_b = torch.cat(_tp_shards(a), dim=1), [b]
         else:  # output rows split: A whole; B's rows, split per projection like the weight's
-            full_a, parts_b = a, _merge(rule, gathered(b), spec)
+            full_a, parts_b = a, _merge(rule, _tp_shards(b), spec)
         for hf_name, part in zip(rule.hf, parts_b, strict=True):
             prefix = "base_model.model." + hf_name.removesuffix(".weight")
             out[f"{prefix}.lora_A.weight"] = full_a.to("cpu").clone().contiguous()
             out[f"{prefix}.lora_B.weight"] = part.to("cpu").clone().contiguous()
     return out
+
+
+def _tp_shards(local: torch.Tensor) -> list[torch.Tensor]:
+    """Every tensor-parallel rank's ``local``, in rank order (a collective; ``[local]`` at TP=1)."""
+    from megatron.core import parallel_state
+
+    _, tp = _tp_rank_and_size()
+    if tp == 1:
+        return [local]
+    shards = [torch.empty_like(local) for _ in range(tp)]
+    dist.all_gather(shards, local.contiguous(), group=parallel_state.get_tensor_model_parallel_group())
+    return shards
 
 
 def _exported(model: Any, name: str) -> torch.Tensor:

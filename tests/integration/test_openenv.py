@@ -56,19 +56,23 @@ def direct_rewards(env_id: str, count: int, **kwargs) -> list[float]:
     return asyncio.run(run())
 
 
+def needs(backend: str) -> pytest.MarkDecorator:
+    """Skips where the sandbox back-end is missing, saying why (bubblewrap or Docker absent)."""
+    reason = backend_skip_reason(backend)
+    return pytest.mark.skipif(reason is not None, reason=str(reason))
+
+
 SERVED = [
-    pytest.param("calc", {}, 6, None, id="calc"),
-    pytest.param("swe-tools", {}, 2, backend_skip_reason("bwrap"), id="swe-tools"),
-    pytest.param("harbor", {}, 1, backend_skip_reason("docker"), id="harbor"),
+    pytest.param("calc", {}, 6, id="calc"),
+    pytest.param("swe-tools", {}, 2, id="swe-tools", marks=needs("bwrap")),
+    pytest.param("harbor", {}, 1, id="harbor", marks=needs("docker")),
 ]
 
 
-@pytest.mark.parametrize(("env_id", "kwargs", "count", "skip"), SERVED)
-def test_openenvs_client_plays_served_envs_with_the_direct_rewards(env_id, kwargs, count, skip):
+@pytest.mark.parametrize(("env_id", "kwargs", "count"), SERVED)
+def test_openenvs_client_plays_served_envs_with_the_direct_rewards(env_id, kwargs, count):
     """openenv's MCPToolClient: list tools, reset on the task API's tasks, one call_tool per
     turn (final_answer for a text answer); rewards and terminations equal the direct env's."""
-    if skip:
-        pytest.skip(skip)
     expected = direct_rewards(env_id, count, **kwargs)
     with serve_env(env_id) as (url, _):
         episodes = drive(url, env_id, "oracle", "test", str(count), env_kwargs=kwargs, timeout=900)
@@ -139,7 +143,7 @@ def test_the_session_limit_refuses_one_more_and_admits_it_when_one_frees():
         asyncio.run(run())
 
 
-@pytest.mark.skipif(backend_skip_reason("bwrap") is not None, reason=str(backend_skip_reason("bwrap")))
+@needs("bwrap")
 def test_clients_killed_mid_episode_leave_no_sandbox_or_process(request):
     """Two openenv clients hold swe-tools episodes (a sandbox each) and are killed with SIGKILL;
     the server closes their sessions (at the latest after --session-timeout) and nothing of

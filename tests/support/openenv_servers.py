@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import time
 import urllib.request
@@ -14,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tests.support.distributed import free_port
+from tests.support.processes import stop_process_group
 
 REPO = Path(__file__).resolve().parents[2]
 OPENENV_PYTHON = REPO / ".venv-openenv" / "bin" / "python"
@@ -52,13 +52,7 @@ def running(command: list[str], *, port: int, cwd: Path | None = None,
         wait_healthy(url, proc)
         yield url, proc
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_process_group(proc, timeout=30)
 
 
 def serve_env(env_id: str, *extra: str, env: dict[str, str] | None = None):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import signal
 import subprocess
 import time
 import urllib.request
@@ -22,6 +21,7 @@ from agentrl.models import build_tiny_model
 from agentrl.orchestration.servers import _merged, server_command, vllm_defaults, vllm_model_dir
 from agentrl.rollout.config import RolloutConfig
 from tests.support.distributed import free_port
+from tests.support.processes import stop_process_group
 
 START_TIMEOUT_S = 900.0
 """A cold start on a loaded 2-core machine (eager mode: about a minute when idle)."""
@@ -62,15 +62,7 @@ def vllm_server(log: Path, *, seed: int = 0, model: str | Path | None = None,
             time.sleep(0.5)
         yield url
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # the engine core, should it outlive the server
+        stop_process_group(proc)  # the engine core too, should it outlive the server
 
 
 def _healthy(url: str) -> bool:
