@@ -1,6 +1,7 @@
 # Set-up and entry points. Every target installs what it needs first (idempotent).
 #   make demo   - the main job (see README)
-#   make test   - every CPU test tier (as root it also installs bubblewrap and Docker; and vLLM)
+#   make test   - every CPU test tier (as root it also installs bubblewrap and Docker; and vLLM;
+#                 it fetches the real model the parity tests use: agentrl models get)
 #   make vllm   - vLLM for --rollout-backend vllm (the .[vllm] extra, see scripts/setup-vllm.sh)
 #   (make test also makes .venv-harbor, Python 3.12 with Harbor, see scripts/setup-harbor-check.sh,
 #   and .venv-openenv, the openenv package, see scripts/setup-openenv.sh)
@@ -49,6 +50,7 @@ demo: setup
 	$(PY) train.py --env swe-tools --max-turns 5 --output-dir runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 test: setup system vllm
+	$(VENV)/bin/agentrl models get smollm2-135m-instruct
 	scripts/fetch-sglang-contract.sh
 	scripts/setup-harbor-check.sh
 	scripts/setup-openenv.sh

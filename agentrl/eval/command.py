@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 from agentrl.config import add_arguments, from_namespace, option
 from agentrl.errors import ConfigError
 from agentrl.eval.runner import EvalSet, eval_sets, evaluate_sets, write_episodes
+from agentrl.models.catalog import resolve_checkpoint
 from agentrl.orchestration.cluster import ClusterConfig
 from agentrl.orchestration.context import make_rollout_context
 from agentrl.orchestration.interrupts import StopOnSignals
@@ -134,6 +135,8 @@ def parse_eval_config(namespace: argparse.Namespace) -> tuple[RolloutConfig, Eva
     if vars(namespace).get("env") is None:
         raise ConfigError("--env is required: the env whose tasks are evaluated")
     rollout = from_namespace(RolloutConfig, namespace)
+    if rollout.hf_checkpoint is not None:  # a named model or a GGUF file: fetched once
+        rollout = dataclasses.replace(rollout, hf_checkpoint=resolve_checkpoint(rollout.hf_checkpoint))
     if rollout.rollout_backend != "embedded":
         if evaluation.policy != "model":
             raise ConfigError(f"--rollout-backend {rollout.rollout_backend} serves --policy model; "

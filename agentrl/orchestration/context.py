@@ -5,12 +5,11 @@ through a gateway. ``train.py`` and ``agentrl eval`` build theirs here."""
 
 from __future__ import annotations
 
-from agentrl.chat import ChatRenderer
 from agentrl.engine.base import Engine
 from agentrl.env.factory import EnvFactory
 from agentrl.errors import ConfigError
 from agentrl.gateway.agents import AgentPlayer, load_agent
-from agentrl.rollout.build import resolve, sampling_from_config
+from agentrl.rollout.build import renderer_from_config, resolve, sampling_from_config
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.episode import Policy, RolloutContext
 
@@ -36,7 +35,7 @@ def make_rollout_context(config: RolloutConfig, engine: Engine, envs: EnvFactory
     if tokenizer is None:
         raise ConfigError("--hf-checkpoint: the model directory has no tokenizer files")
     config = resolve(config, envs)
-    renderer = ChatRenderer(tokenizer, config.tool_call_format)
+    renderer = renderer_from_config(config, tokenizer)
     renderer.self_check(list(envs.info.tool_schemas) or None if envs is not None else None)
     engine_limit = engine.max_context_len
     limit = config.rollout_max_context_len or engine_limit

@@ -16,6 +16,7 @@ from agentrl.config import (
     unknown_flags_message,
 )
 from agentrl.errors import ConfigError, PluginError
+from agentrl.models.catalog import resolve_checkpoint
 from agentrl.models.defaults import EmbeddedDefault, apply_embedded_default
 from agentrl.orchestration.cluster import ClusterConfig
 from agentrl.orchestration.run_folder import choose_run_folder
@@ -149,11 +150,23 @@ def parse_args(argv: Sequence[str] | None = None) -> Args:
                     cluster=from_namespace(ClusterConfig, namespace), namespace=namespace,
                     embedded=embedded)
         args = _with_run_folder(args)
+        args = _with_model_folder(args)
         args = validate_together(args)
         check_files(args)
     except (ConfigError, PluginError) as exc:
         parser.error(str(exc))
     return args
+
+
+def _with_model_folder(args: Args) -> Args:
+    """``args`` with ``--hf-checkpoint`` a folder: a named model or a GGUF file is fetched or
+    converted on first use (:func:`agentrl.models.catalog.resolve_checkpoint`)."""
+    given = args.rollout.hf_checkpoint
+    if given is None:
+        return args
+    folder = resolve_checkpoint(given)
+    args.namespace.hf_checkpoint = folder
+    return dataclasses.replace(args, rollout=dataclasses.replace(args.rollout, hf_checkpoint=folder))
 
 
 def _with_run_folder(args: Args) -> Args:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentrl.chat import ChatRenderer
+from agentrl.chat.templates import load_chat_template
 from agentrl.engine.base import SamplingParams
 from agentrl.env.factory import EnvFactory
 from agentrl.rollout.config import RolloutConfig
@@ -79,6 +80,15 @@ def load_policy_engine(config: RolloutConfig, **engine_kwargs: Any) -> Any:
 
     return EmbeddedEngine.from_pretrained(policy_checkpoint(config), seed=config.rollout_seed,
                                           **engine_kwargs)
+
+
+def renderer_from_config(config: RolloutConfig, tokenizer: Any) -> ChatRenderer:
+    """The chat renderer of ``tokenizer`` with ``--tool-call-format`` and ``--chat-template``
+    (the model's own template when not given); not yet self-checked."""
+    if config.chat_template is None:
+        return ChatRenderer(tokenizer, config.tool_call_format)
+    label, text = load_chat_template(config.chat_template)
+    return ChatRenderer(tokenizer, config.tool_call_format, chat_template=text, template_name=label)
 
 
 def sampling_from_config(config: RolloutConfig, renderer: ChatRenderer | None, *,

