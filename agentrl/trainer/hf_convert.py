@@ -159,13 +159,7 @@ def transformer_config_from_hf(
     tp, pp = _parallel_sizes()
     tp = int(overrides.get("tensor_model_parallel_size", tp))
     pp = int(overrides.get("pipeline_model_parallel_size", pp))
-    for count, field in ((spec.num_kv_heads, "num_key_value_heads"),
-                         (spec.num_heads, "num_attention_heads")):
-        if count % tp:
-            raise ConfigError(
-                f"--tensor-model-parallel-size {tp} must divide the checkpoint's {field} "
-                f"({count}): each rank holds whole heads and key/value groups"
-            )
+    spec.check_tensor_parallel(tp)
     if overrides.get("sequence_parallel"):
         raise ConfigError("--sequence-parallel is not supported: megatron's local spec refuses "
                           "it, and agentrl's trainer has not been run with it under "

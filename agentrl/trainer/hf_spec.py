@@ -97,6 +97,20 @@ class HFModelSpec:
         )
 
 
+    def check_tensor_parallel(self, tp: int) -> None:
+        """Raises ConfigError (naming ``--tensor-model-parallel-size``) unless ``tp`` ranks can
+        each hold whole heads and key/value groups of this model."""
+        for count, field in ((self.num_kv_heads, "num_key_value_heads"),
+                             (self.num_heads, "num_attention_heads")):
+            if count % tp:
+                fits = [n for n in range(1, self.num_kv_heads + 1)
+                        if self.num_kv_heads % n == 0 and self.num_heads % n == 0]
+                raise ConfigError(
+                    f"--tensor-model-parallel-size {tp} must divide the checkpoint's {field} "
+                    f"({count}): each rank holds whole heads and key/value groups; this model "
+                    f"splits into {' or '.join(map(str, fits))}")
+
+
 def read_hf_config(source: Mapping[str, Any] | str | Path | Any) -> dict[str, Any]:
     """Returns a Hugging Face config as a plain dict.
 

@@ -59,7 +59,8 @@ def check_model_flags(
     ``--vocab-size``, ``--max-position-embeddings``, ``--rotary-base``, ``--norm-epsilon``,
     ``--untie-embeddings-and-output-weights``, ``--add-qkv-bias``, ``--qk-layernorm``,
     ``--normalization`` (must be RMSNorm), ``--swiglu`` (must not be false) and ``--seq-length``
-    (must not exceed the context length).
+    (must not exceed the context length); ``--tensor-model-parallel-size`` must split the heads
+    and key/value groups whole.
 
     Args:
         hf_config: The checkpoint's config, or ``None`` to build one from the flags.
@@ -100,6 +101,9 @@ def check_model_flags(
                 f"{flag(name)} is {bool(given)} but the checkpoint has {describe(spec)}; set "
                 f"the flag to {value_of(spec)}"
             )
+    tp = _arg(args, "tensor_model_parallel_size")
+    if tp is not None:
+        spec.check_tensor_parallel(int(tp))
     seq_length = _arg(args, "seq_length")
     if seq_length is not None and int(seq_length) > spec.max_position_embeddings:
         raise ConfigError(
