@@ -20,15 +20,24 @@ RSS over the process's RSS after importing the libraries, while building the mod
 
 ``--device cuda`` (a GPU machine): a ~0.5B-parameter Qwen2-shaped random model in bf16, and
 ``trainer_mfu`` = model FLOPs per second (6 x parameters x tokens, plus attention) / the GPU's
-bf16 matmul rate measured first by this script.
+bf16 matmul rate measured first by this script. On CPU the same figure is
+``trainer_cpu_peak_fraction``: over the CPU's matmul rate in the run's dtype, measured the same
+way (2048^3, torch's threads).
+
+``--bf16`` trains in bfloat16 on both sides (the actor's ``--bf16``: bf16 parameters, fp32
+masters; torch: autocast to bf16 over fp32 parameters). ``--lora-rank R`` trains LoRA adapters
+on every linear layer on both sides (the actor's ``--lora-rank``; torch: peft's LoRA), and the
+model FLOPs count 4 instead of 6 x parameters (no weight gradients for the frozen base).
 
     python bench/trainer.py [--samples 16] [--seq-len 256] [--micro-batch-size 4] [--rounds 5]
+        [--model DIR] [--bf16] [--lora-rank R]
     python bench/trainer.py --device cuda
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -112,13 +121,24 @@ def measured_padding_fraction(actor: Any, samples: list[Sample]) -> float:
     return 1.0 - sum(len(s.tokens) for s in samples) / computed[0]
 
 
-def torch_step_fn(model_dir: Path, samples: list[Sample], micro: int, lr: float, device: str):
+def torch_step_fn(model_dir: Path, samples: list[Sample], micro: int, lr: float, device: str,
+                  bf16: bool = False, lora_rank: int = 0):
     """The plain-torch step: returns a function doing one optimizer step over ``samples``."""
+    import contextlib
+
     from transformers import AutoModelForCausalLM
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
+    if lora_rank:
+        import peft
+
+        model = peft.get_peft_model(model, peft.LoraConfig(
+            r=lora_rank, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0))
+    autocast = (functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16)
+                if bf16 and device == "cpu" else contextlib.nullcontext)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
     longest = max(len(s.tokens) for s in samples)  # a padded batch (right padding, mask 0)
     tokens = torch.tensor([s.tokens + [0] * (longest - len(s.tokens)) for s in samples], device=device)
     rewards = torch.tensor([s.reward for s in samples], device=device)
@@ -137,28 +157,30 @@ def torch_step_fn(model_dir: Path, samples: list[Sample], micro: int, lr: float,
         denominator = mask.sum()
         for start in range(0, tokens.shape[0], micro):
             ids = tokens[start : start + micro]
-            logits = model(input_ids=ids).logits[:, :-1].float() / TEMPERATURE
+            with autocast():
+                logits = model(input_ids=ids).logits[:, :-1].float() / TEMPERATURE
             logp = logits.log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
             ratio = torch.exp(logp - logp.detach())
             a = adv[start : start + micro, None]
             pg = torch.maximum(-ratio * a, -ratio.clamp(0.8, 1.2) * a)
             loss = (pg * mask[start : start + micro]).sum() / denominator
             loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
 
     return step
 
 
 def megatron_step_fn(model_dir: Path, samples: list[Sample], micro: int, lr: float,
-                     max_tokens: int | None = None):
+                     max_tokens: int | None = None, bf16: bool | None = None, lora_rank: int = 0):
     """The Megatron actor's step; ``max_tokens``: packed micro-batches of that many real tokens
     (``--use-dynamic-batch-size --max-tokens-per-gpu``) instead of ``micro`` padded rows."""
     from agentrl.trainer.actor import MegatronActor
     from agentrl.trainer.config import TrainerConfig
 
-    flags = ({"use_dynamic_batch_size": True, "max_tokens_per_gpu": max_tokens} if max_tokens
-             else {"micro_batch_size": micro})
+    flags: dict[str, Any] = ({"use_dynamic_batch_size": True, "max_tokens_per_gpu": max_tokens}
+                             if max_tokens else {"micro_batch_size": micro})
+    flags.update(bf16=bf16, lora_rank=lora_rank)
     actor = MegatronActor(TrainerConfig(lr=lr, clip_grad=1.0, **flags),
                           hf_checkpoint=model_dir, rollout_temperature=TEMPERATURE)
     return actor, lambda: actor.train(samples)
@@ -185,14 +207,26 @@ def model_dir_for(args: argparse.Namespace) -> Path:
     return folder
 
 
-def bf16_matmul_flops() -> float:
-    """The GPU's measured bf16 matmul rate (FLOP/s) on 8192^3."""
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+def matmul_flops(device: str = "cuda", dtype: torch.dtype = torch.bfloat16) -> float:
+    """The device's measured matmul rate (FLOP/s): 8192^3 on a GPU, 2048^3 on a CPU (torch's
+    threads), best of a few."""
+    n = 8192 if device == "cuda" else 2048
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
     for _ in range(3):
         a @ b
-    seconds = min(timed(lambda: a @ b) for _ in range(10))
-    return 2 * 8192**3 / seconds
+    seconds = min(timed(lambda: a @ b) for _ in range(10 if device == "cuda" else 5))
+    return 2 * n**3 / seconds
+
+
+def model_flops_per_token(model_dir: Path, config: dict[str, Any], seq_len: int, lora: bool) -> float:
+    """Training FLOPs per token: 6 x parameters (4 with a frozen base: no weight gradients) plus
+    attention's 12 x layers x hidden x sequence."""
+    from transformers import AutoModelForCausalLM
+
+    params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters())
+    layers, hidden = config["num_hidden_layers"], config["hidden_size"]
+    return (4 if lora else 6) * params + 12 * layers * hidden * seq_len
 
 
 def child(args: argparse.Namespace) -> None:
@@ -205,9 +239,11 @@ def child(args: argparse.Namespace) -> None:
     import transformers  # noqa: F401
 
     def work() -> None:
-        fn = (megatron_step_fn(model_dir, samples, args.micro_batch_size, 1e-5, args.max_tokens_per_gpu)[1]
+        fn = (megatron_step_fn(model_dir, samples, args.micro_batch_size, 1e-5, args.max_tokens_per_gpu,
+                               args.bf16 or None, args.lora_rank)[1]
               if args.child == "megatron"
-              else torch_step_fn(model_dir, samples, args.micro_batch_size, 1e-5, args.device))
+              else torch_step_fn(model_dir, samples, args.micro_batch_size, 1e-5, args.device,
+                                 args.bf16, args.lora_rank))
         for _ in range(2):
             fn()
 
@@ -228,6 +264,9 @@ def main() -> None:
                         "fixed: every sample --seq-len tokens")
     parser.add_argument("--model", default=None, help="HF model directory (default: tiny model)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--bf16", action="store_true", help="train in bfloat16 on both sides")
+    parser.add_argument("--lora-rank", type=int, default=0, help="train LoRA adapters of this rank")
+    parser.add_argument("--skip-memory", action="store_true", help="skip the peak-memory children")
     parser.add_argument("--child", choices=["megatron", "torch"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -237,8 +276,10 @@ def main() -> None:
     config = json.loads((model_dir / "config.json").read_text())
     samples = make_samples(args.samples, args.seq_len, config["vocab_size"], args.lengths)
     tokens = sum(len(s.tokens) for s in samples)  # real tokens: padding is not throughput
-    actor, megatron = megatron_step_fn(model_dir, samples, args.micro_batch_size, 1e-5, args.max_tokens_per_gpu)
-    plain = torch_step_fn(model_dir, samples, args.micro_batch_size, 1e-5, args.device)
+    actor, megatron = megatron_step_fn(model_dir, samples, args.micro_batch_size, 1e-5,
+                                       args.max_tokens_per_gpu, args.bf16 or None, args.lora_rank)
+    plain = torch_step_fn(model_dir, samples, args.micro_batch_size, 1e-5, args.device, args.bf16,
+                          args.lora_rank)
     megatron(), plain()  # warm-up
     rates: dict[str, list[float]] = {"megatron": [], "torch": []}
     for _ in range(args.rounds):
@@ -247,7 +288,7 @@ def main() -> None:
         print(f"megatron {rates['megatron'][-1]:8.0f} tok/s   torch {rates['torch'][-1]:8.0f} tok/s")
     median = {k: statistics.median(v) for k, v in rates.items()}
     memory = {}
-    if args.device == "cpu":
+    if args.device == "cpu" and not args.skip_memory:
         for side in ("megatron", "torch"):
             run = subprocess.run([sys.executable, __file__, "--child", side, "--samples",
                                   str(args.samples), "--seq-len", str(args.seq_len),
@@ -255,19 +296,27 @@ def main() -> None:
                                   *(["--max-tokens-per-gpu", str(args.max_tokens_per_gpu)]
                                     if args.max_tokens_per_gpu else []),
                                   "--micro-batch-size", str(args.micro_batch_size),
+                                  *(["--bf16"] if args.bf16 else []),
+                                  "--lora-rank", str(args.lora_rank),
                                   *(["--model", args.model] if args.model else [])],
                                  capture_output=True, text=True, check=True)
             memory[side] = json.loads(run.stdout.strip().splitlines()[-1])["peak_over_base_mib"]
         print(f"peak memory over the libraries' baseline: megatron {memory['megatron']:.0f} MiB, "
               f"torch {memory['torch']:.0f} MiB")
         print(json.dumps({"name": "trainer_peak_mem_mib", "value": {k: round(v) for k, v in memory.items()}}))
+    flops_per_token = model_flops_per_token(model_dir, config, args.seq_len, bool(args.lora_rank))
     if args.device == "cuda":
-        params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM
-                     .from_pretrained(model_dir).parameters())
-        layers, hidden, seq = config["num_hidden_layers"], config["hidden_size"], args.seq_len
-        flops_per_token = 6 * params + 12 * layers * hidden * seq
-        mfu = median["megatron"] * flops_per_token / bf16_matmul_flops()
+        mfu = median["megatron"] * flops_per_token / matmul_flops()
         print(json.dumps({"name": "trainer_mfu", "value": round(mfu, 3), "target": ">= 0.35"}))
+    else:
+        dtype = torch.bfloat16 if args.bf16 else torch.float32
+        peak = matmul_flops("cpu", dtype)
+        print(json.dumps({"name": "trainer_cpu_peak_fraction",
+                          "value": round(median["megatron"] * flops_per_token / peak, 3),
+                          "target": "report", "cpu_matmul_gflops": round(peak / 1e9, 1),
+                          "dtype": str(dtype).removeprefix("torch."),
+                          "megatron_tokens_per_s": round(median["megatron"]),
+                          "torch_tokens_per_s": round(median["torch"])}))
     # the plain-torch side pads each micro-batch to its longest row, as the actor did before
     print(json.dumps({"name": "padding_fraction", "value": round(measured_padding_fraction(actor, samples), 3),
                       "target": "< 0.05",

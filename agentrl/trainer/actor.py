@@ -121,7 +121,8 @@ class MegatronActor:
         source = read_hf_config(hf_checkpoint) if hf_checkpoint is not None else None
         self.hf_config = check_model_flags(source, flags)
         self.hf_checkpoint = Path(hf_checkpoint) if hf_checkpoint is not None else None
-        self.params_dtype = torch.bfloat16 if cuda else torch.float32
+        bf16 = cuda if config.bf16 is None else config.bf16
+        self.params_dtype = torch.bfloat16 if bf16 else torch.float32
         overrides: dict[str, Any] = {}
         if config.sequence_parallel:
             overrides["sequence_parallel"] = True
@@ -180,7 +181,8 @@ class MegatronActor:
         optimizer_config = OptimizerConfig(
             optimizer="adam", lr=lr, min_lr=min(c.min_lr, lr), weight_decay=c.weight_decay,
             adam_beta1=c.adam_beta1, adam_beta2=c.adam_beta2, adam_eps=c.adam_eps,
-            clip_grad=c.clip_grad, bf16=cuda, params_dtype=self.params_dtype,
+            clip_grad=c.clip_grad, bf16=self.params_dtype == torch.bfloat16,
+            params_dtype=self.params_dtype,
             use_distributed_optimizer=cuda,
         )
         optimizer = get_megatron_optimizer(optimizer_config, [ddp])

@@ -97,6 +97,10 @@ class TrainerConfig:
     pipeline_model_parallel_size: int = option(1, "pipeline stages")
     sequence_parallel: bool = option(False, "sequence parallelism (GPU + Transformer Engine)")
     recompute_activations: bool = option(False, "recompute activations in the backward pass")
+    bf16: bool | None = option(None, "train in bfloat16: parameters and activations in bf16, "
+                               "float32 master weights in the optimizer (default: on with CUDA; "
+                               "off on CPU, where float32 keeps the trainer's log-probs equal to "
+                               "the embedded engine's; docs/benchmarks.md has both speeds)")
     transformer_impl: str = option("local", "layer implementation: local (megatron's local spec "
                                    "with torch's fused attention; runs anywhere) | "
                                    "transformer_engine (Transformer Engine's fused layers; needs "

@@ -30,9 +30,14 @@ the installed version first and raises :class:`MegatronVersionError` on any othe
 upgrade that moves a CUDA use fails loudly here instead of deep inside a training step
 (``tests/integration/test_megatron_compat.py`` covers every redirected path).
 
+* **bf16 optimizer.** ``Float16OptimizerWithFloat16Params.__init__`` sorts parameters by their
+  ``type()`` string and refuses anything but ``torch.cuda.*Tensor``; :func:`_float16_optimizer_init`
+  sorts CPU bf16 and fp32 parameters the same way (fp32 master copies of the bf16 ones), so
+  ``--bf16`` trains on CPU with megatron's own mixed-precision step.
+
 Not redirected, so CUDA-only (expect megatron's own CUDA errors on CPU): the distributed optimizer
 (``use_distributed_optimizer``), sequence parallelism (the local spec's norm refuses it),
-fp16/bf16 mixed-precision optimizers, overlapped gradient reduction (CUDA streams), CUDA graphs,
+fp16 mixed precision (its loss scaler), overlapped gradient reduction (CUDA streams), CUDA graphs,
 fully-parallel checkpoint strategies and megatron's inference engine.
 """
 
@@ -315,6 +320,48 @@ def _clip_grad_by_total_norm_fp32_cpu(
         torch._foreach_mul_(grads, clip_coeff)
 
 
+def _float16_optimizer_init(self: Any, optimizer: torch.optim.Optimizer, config: Any,
+                            grad_scaler: Any, init_state_fn: Callable) -> None:
+    """``Float16OptimizerWithFloat16Params.__init__`` for CPU parameters.
+
+    Megatron's keeps three lists per parameter group: the bf16 model parameters, an fp32 master
+    copy of each (which the wrapped optimizer steps instead) and the parameters that are fp32
+    already. It picks them by ``param.type()``, which names CUDA tensors only; this one picks
+    them by dtype and device, and fills the same attributes, so every other method of the class
+    (grad copies, the step, the state dict) runs unchanged.
+    """
+    from megatron.core import tensor_parallel
+    from megatron.core.optimizer.optimizer import MixedPrecisionOptimizer
+
+    MixedPrecisionOptimizer.__init__(self, optimizer, config, grad_scaler, init_state_fn)
+    self.is_stub_optimizer = not optimizer
+    self.float16_groups, self.fp32_from_float16_groups, self.fp32_from_fp32_groups = [], [], []
+    for group in optimizer.param_groups if optimizer else ():
+        half, masters, full = [], [], []
+        for i, param in enumerate(group["params"]):
+            if not param.requires_grad:
+                continue
+            if param.dtype in (torch.bfloat16, torch.float16):
+                master = param.detach().clone().float()
+                tensor_parallel.copy_tensor_model_parallel_attributes(master, param)
+                if hasattr(param, "shared"):
+                    master.shared = param.shared
+                group["params"][i] = master  # the wrapped optimizer steps the fp32 copy
+                param.main_param = master
+                if param in optimizer.state:
+                    optimizer.state[master] = optimizer.state.pop(param)
+                half.append(param)
+                masters.append(master)
+            elif param.dtype == torch.float32:
+                full.append(param)
+            else:
+                raise AgentRLError(f"the mixed-precision optimizer cannot hold a {param.dtype} "
+                                   "parameter")
+        self.float16_groups.append(half)
+        self.fp32_from_float16_groups.append(masters)
+        self.fp32_from_fp32_groups.append(full)
+
+
 def _get_cpu_rng_state(
     device: Any = None, clone: bool = False, graph_safe: bool = False
 ) -> torch.Tensor:
@@ -402,5 +449,6 @@ def apply_cpu_compat() -> bool:
         # optimizer.py imported the function by name, so both bindings are replaced.
         clip_grads.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_fp32_cpu
         optimizer.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_fp32_cpu
+        optimizer.Float16OptimizerWithFloat16Params.__init__ = _float16_optimizer_init
         _APPLIED = True
     return True

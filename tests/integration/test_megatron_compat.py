@@ -258,3 +258,33 @@ def test_dist_checkpointing_save_and_load(model_parallel: None, tmp_path) -> Non
     target.load_state_dict(dist_checkpointing.load(target.sharded_state_dict(), str(tmp_path)))
     for (name, a), b in zip(source.named_parameters(), target.parameters(), strict=True):
         assert torch.equal(a, b), name
+
+
+def test_bf16_trains_on_cpu_with_fp32_master_weights() -> None:
+    """--bf16 on CPU: bf16 parameters, fp32 masters in megatron's mixed-precision optimizer,
+    and a step close to the fp32 trainer's (bf16 rounding apart)."""
+    from agentrl.models import build_tiny_model
+    from agentrl.trainer.actor import MegatronActor
+    from agentrl.trainer.config import TrainerConfig
+    from tests.support.trainer_samples import uneven_samples
+
+    samples = uneven_samples(6)
+    results = {}
+    for bf16 in (False, True):
+        actor = MegatronActor(TrainerConfig(lr=1e-3, bf16=bf16), hf_checkpoint=build_tiny_model(),
+                              rollout_temperature=1.0, total_steps=2)
+        before = actor.logprobs(samples)
+        metrics = actor.train(samples)
+        results[bf16] = before, metrics, actor.logprobs(samples)
+        dtypes = {p.dtype for p in actor.model.parameters()}
+        assert dtypes == {torch.bfloat16 if bf16 else torch.float32}
+        if bf16:
+            masters = [m for inner in getattr(actor.optimizer, "chained_optimizers", [actor.optimizer])
+                       for group in inner.fp32_from_float16_groups for m in group]
+            assert masters and {m.dtype for m in masters} == {torch.float32}
+        destroy_model_parallel()
+    (fp32_before, fp32_metrics, fp32_after), (bf16_before, bf16_metrics, bf16_after) = results.values()
+    assert bf16_metrics["grad_norm"] == pytest.approx(fp32_metrics["grad_norm"], rel=0.02)
+    assert (bf16_before - fp32_before).abs().max() < 0.1  # bf16 rounding, not another model
+    assert (bf16_after - bf16_before).abs().max() > 1e-3  # the step changed the bf16 weights
+    assert (bf16_after - fp32_after).abs().max() < 0.1
