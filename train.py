@@ -111,7 +111,9 @@ async def main(argv: list[str]) -> None:
                         batch.check_failures(run.max_failed_fraction)  # stops a run that would learn nothing
                 where[0] = f"rollout {rollout_id} (training)"
                 with log.stage("train"):
-                    if args.cluster.colocate:  # engines free their KV cache while the trainer shares the device
+                    # engines free their KV cache while the trainer shares the device (or, for
+                    # an engine on the CPU, the host memory); async rollouts keep playing instead
+                    if args.cluster.colocate or (engine.shares_host_memory and pipeline is None):
                         await engine.release_memory()
                     # in a thread: the loop stays free to react to a signal during a long step
                     train_metrics = await asyncio.to_thread(actor.train, batch.samples)

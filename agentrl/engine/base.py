@@ -316,6 +316,13 @@ class Engine(abc.ABC):
         weight update brings it back. Default: nothing to free."""
         return None
 
+    @property
+    def shares_host_memory(self) -> bool:
+        """Whether the engine's memory is the trainer's too without ``--colocate`` (an engine
+        on this machine's CPU, whose KV cache is host RAM): ``train.py`` then has it
+        :meth:`release_memory` before each train step. Default: ``False``."""
+        return False
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Aborts what is in flight and frees the engine. Safe to call twice."""

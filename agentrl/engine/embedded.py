@@ -286,6 +286,11 @@ class EmbeddedEngine(Engine):
         a supervisor restarts on, where :meth:`health` also says whether it serves right now."""
         return not self._closed and self._error is None and self._thread.is_alive()
 
+    @property
+    def shares_host_memory(self) -> bool:
+        """On the CPU the KV cache is host RAM, which the trainer's processes use too."""
+        return self._model.device.type == "cpu"
+
     async def release_memory(self) -> None:
         """Frees the KV cache while the engine is idle (a colocated trainer needs the memory);
         the next request allocates it again. SGLang's ``release_memory_occupation`` keeps the

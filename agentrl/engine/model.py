@@ -143,11 +143,14 @@ def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 class KVCache:
-    """Keys and values of ``num_slots`` sequences: ``[layers, slots, capacity, kv_heads, dim]``.
+    """Keys and values of up to ``num_slots`` sequences: ``[layers, slots, capacity, kv_heads,
+    dim]``.
 
-    Each slot holds one sequence from position 0; the caller tracks its length. ``capacity``
-    grows (doubling, up to ``max_len``) when a write needs it, so a large ``max_len`` costs
-    memory only when sequences get long.
+    Each slot holds one sequence from position 0; the caller tracks its length. Both the slots
+    and the ``capacity`` (positions per slot) are allocated on demand, doubling, up to
+    ``num_slots`` and ``max_len``: memory follows the sequences in use (an engine allowed 64
+    requests that serves 16 holds 16 slots, each as long as the longest of them), which on a
+    real model is the difference between a few GiB and tens of GiB.
     """
 
     def __init__(
@@ -156,37 +159,49 @@ class KVCache:
     ) -> None:
         self.num_slots = num_slots
         self.max_len = max_len
-        self._shape = (config.num_layers, num_slots, config.num_kv_heads, config.head_dim)
+        self._shape = (config.num_layers, config.num_kv_heads, config.head_dim)
         self.capacity = 0
+        self.slots = 0
         self.k = torch.empty(0, device=device, dtype=dtype)
         self.v = torch.empty(0, device=device, dtype=dtype)
-        self.ensure_capacity(min(max_len, initial_len))
+        self._initial_len = min(max_len, initial_len)
+        self.ensure_capacity(self._initial_len, 1)
 
-    def ensure_capacity(self, length: int) -> None:
-        """Makes room for positions ``0 .. length-1`` in every slot (keeps what is stored)."""
-        if length <= self.capacity:
+    @property
+    def nbytes(self) -> int:
+        """Bytes the keys and values hold now."""
+        return self.k.numel() * self.k.element_size() * 2
+
+    def ensure_capacity(self, length: int, slots: int = 0) -> None:
+        """Makes room for positions ``0 .. length-1`` in slots ``0 .. slots-1`` (and every slot
+        already allocated); keeps what is stored."""
+        if length <= self.capacity and slots <= self.slots:
             return
         if length > self.max_len:
             raise EngineError(f"KV cache needs {length} positions; its limit is {self.max_len}")
-        new_cap = min(self.max_len, max(length, 2 * self.capacity))
-        layers, slots, heads, dim = self._shape
-        shape = (layers, slots, new_cap, heads, dim)
+        if slots > self.num_slots:
+            raise EngineError(f"KV cache needs {slots} slots; its limit is {self.num_slots}")
+        new_cap = (self.capacity if length <= self.capacity
+                   else min(self.max_len, max(length, 2 * self.capacity)))
+        new_slots = self.slots if slots <= self.slots else min(self.num_slots, max(slots, 2 * self.slots))
+        layers, heads, dim = self._shape
+        shape = (layers, new_slots, new_cap, heads, dim)
         # Zeros, not torch.empty: a decode step attends over every slot up to the batch's longest
         # sequence with masked-out positions weighted 0, and 0 x NaN is NaN - uninitialised
         # memory there (NaN bit patterns happen) turned whole logit rows into NaN.
         k = torch.zeros(shape, device=self.k.device, dtype=self.k.dtype)
         v = torch.zeros(shape, device=self.v.device, dtype=self.v.dtype)
-        if self.capacity:
+        if self.capacity and self.slots:
             with torch.inference_mode():
-                k[:, :, : self.capacity] = self.k
-                v[:, :, : self.capacity] = self.v
-        self.k, self.v, self.capacity = k, v, new_cap
+                k[:, : self.slots, : self.capacity] = self.k
+                v[:, : self.slots, : self.capacity] = self.v
+        self.k, self.v, self.capacity, self.slots = k, v, new_cap, new_slots
 
     def release(self) -> None:
         """Frees the storage; the next :meth:`ensure_capacity` allocates it again."""
         self.k = self.k.new_empty(0)
         self.v = self.v.new_empty(0)
-        self.capacity = 0
+        self.capacity = self.slots = 0
 
     def move_slot(self, src: int, dst: int, length: int) -> None:
         """Copies the first ``length`` positions of slot ``src`` into slot ``dst``."""
@@ -450,7 +465,7 @@ class DecoderModel:
         with torch.inference_mode():
             lengths = [len(s) for s in sequences]
             longest = max(lengths)
-            cache.ensure_capacity(longest)
+            cache.ensure_capacity(longest, max(slots) + 1)
             padded = torch.zeros((len(sequences), longest), dtype=torch.long)
             for row, seq in enumerate(sequences):
                 padded[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
@@ -486,7 +501,7 @@ class DecoderModel:
         """
         with torch.inference_mode():
             count, span = len(positions), max(positions) + 1
-            cache.ensure_capacity(span)
+            cache.ensure_capacity(span, count if slots is None else max(slots) + 1)
             pos = torch.tensor(positions, dtype=torch.long, device=self.device)
             if slots is None:
                 slot_index = self._arange[:count]

@@ -241,3 +241,22 @@ def test_unused_cache_positions_never_poison_a_decode(monkeypatch) -> None:
     model.prefill(cache, [short, long], [0, 1])  # the long one grows the cache past 4
     logits = model.decode(cache, torch.tensor([8, 30]), [3, 20], slots=[0, 1])
     assert torch.isfinite(logits).all()
+
+
+def test_the_cache_allocates_the_slots_in_use_not_the_limit() -> None:
+    """An engine allowed 64 requests that serves 3 holds 3 slots: on a real model each slot at
+    a few thousand positions is hundreds of MiB."""
+    hf, config = _small("qwen2")
+    model = DecoderModel.from_state_dict(config, hf.state_dict(), device="cpu")
+    cache = model.new_cache(num_slots=64, max_len=256, initial_len=8)
+    per_slot_position = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * (
+        config["hidden_size"] // config["num_attention_heads"]) * 4
+    assert cache.slots == 1 and cache.nbytes == 8 * per_slot_position
+    model.prefill(cache, [[1, 2, 3]] * 3, [0, 1, 2])
+    assert cache.slots == 3 and cache.capacity == 8
+    model.decode(cache, torch.tensor([4, 4, 4]), [3, 3, 3])
+    model.prefill(cache, [list(range(20))], [3])  # a fourth, longer: both dimensions double
+    assert (cache.slots, cache.capacity) == (6, 20)
+    assert cache.nbytes == 6 * 20 * per_slot_position
+    cache.release()
+    assert cache.nbytes == 0 and (cache.slots, cache.capacity) == (0, 0)
