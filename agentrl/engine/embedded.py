@@ -38,6 +38,7 @@ import torch
 
 from agentrl.engine.base import Engine, FinishReason, GenerateOutput, SamplingParams
 from agentrl.engine.model import DecoderModel, read_checkpoint
+from agentrl.engine.prefix_cache import PrefixStore
 from agentrl.engine.sampling import sample_tokens
 from agentrl.errors import EngineError
 from agentrl.models.hf_config import load_tokenizer
@@ -48,6 +49,10 @@ logger = logging.getLogger(__name__)
 
 _PREFILL_TOKEN_BUDGET = 8192
 """Most (padded) tokens one prefill call processes; more new requests wait for the next call."""
+
+DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
+"""Keys and values of finished requests kept for later turns (:mod:`agentrl.engine.prefix_cache`):
+1 GiB, about 23k positions of SmolLM2-135M in float32."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -69,6 +74,7 @@ class _Request:
     versions: list[str] = dataclasses.field(default_factory=list)  # per output id
     slot: int = -1
     cached: int = 0
+    reused: int = 0  # prompt positions copied from the prefix store
     done: bool = False
     cancelled: bool = False
 
@@ -117,6 +123,7 @@ class EmbeddedEngine(Engine):
         seed: int = 0,
         weight_version: str = "0",
         eos_token_ids: Sequence[int] | None = None,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
     ) -> None:
         """Starts the scheduler thread.
 
@@ -129,6 +136,9 @@ class EmbeddedEngine(Engine):
             seed: Seed of the engine's random stream (requests without ``sampling_seed``).
             weight_version: Version reported until the first :meth:`update_weights`.
             eos_token_ids: The model's end-of-sequence ids; default the config's.
+            prefix_cache_bytes: Memory for the keys and values of finished requests, reused by
+                later requests that start with the same tokens (the next turn of an episode);
+                0 turns the reuse off.
         """
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -142,6 +152,7 @@ class EmbeddedEngine(Engine):
         self._decode_text = _text_decoder(tokenizer)
         self._version = str(weight_version)
         self._cache = model.new_cache(max_batch_size, self.max_context_len)
+        self._prefixes = PrefixStore(prefix_cache_bytes)
         self._generator = torch.Generator().manual_seed(seed)
         self._rids = itertools.count()
 
@@ -157,7 +168,8 @@ class EmbeddedEngine(Engine):
         self._paused = False
         self._stopping = False
         self._stats = {"requests_served": 0, "tokens_generated": 0, "decode_steps": 0,
-                       "decode_rows": 0, "prefill_calls": 0}
+                       "decode_rows": 0, "prefill_calls": 0, "prompt_tokens": 0,
+                       "prompt_tokens_computed": 0}
         self._thread = threading.Thread(target=self._run, name="agentrl-engine", daemon=True)
         self._thread.start()
 
@@ -171,6 +183,7 @@ class EmbeddedEngine(Engine):
         max_context_len: int | None = None,
         seed: int = 0,
         weight_version: str = "0",
+        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
     ) -> EmbeddedEngine:
         """Loads a Hugging Face model directory (weights, tokenizer if present, eos ids from
         ``config.json`` and ``generation_config.json``) and starts serving it."""
@@ -184,7 +197,7 @@ class EmbeddedEngine(Engine):
         return cls(
             model, tokenizer=load_tokenizer(root), max_batch_size=max_batch_size,
             max_context_len=max_context_len, seed=seed, weight_version=weight_version,
-            eos_token_ids=sorted(eos),
+            eos_token_ids=sorted(eos), prefix_cache_bytes=prefix_cache_bytes,
         )
 
     # --- Engine API (caller side) -------------------------------------------------------
@@ -248,6 +261,7 @@ class EmbeddedEngine(Engine):
 
         def apply() -> None:
             self._model.load_state_dict_inplace(tensors)
+            self._prefixes.clear()  # computed with the old weights
             self._version = str(version)
 
         await self._call(apply)
@@ -305,6 +319,7 @@ class EmbeddedEngine(Engine):
                 raise EngineError(f"release_memory needs an idle engine: {len(self._active)} "
                                   f"requests decoding, {len(self._waiting)} waiting")
             self._cache.release()
+            self._prefixes.clear()
 
         await self._call(apply)
 
@@ -329,7 +344,8 @@ class EmbeddedEngine(Engine):
 
     def stats(self) -> dict[str, float]:
         """Counters since start: requests served, tokens generated, decode steps, prefill
-        calls, mean decode batch size, and the current active / waiting counts."""
+        calls, prompt tokens received and computed (the rest came from the prefix store), mean
+        decode batch size, and the current active / waiting counts."""
         s = dict(self._stats)
         s["mean_batch_size"] = s["decode_rows"] / s["decode_steps"] if s["decode_steps"] else 0.0
         s["active"] = len(self._active)
@@ -463,13 +479,29 @@ class EmbeddedEngine(Engine):
         while self._waiting and len(self._active) < self.max_batch_size:
             group = self._next_prefill_group(self.max_batch_size - len(self._active))
             first_slot = len(self._active)
-            slots = range(first_slot, first_slot + len(group))
-            logits = self._model.prefill(self._cache, [r.input_ids for r in group], slots)
+            for request, slot in zip(group, range(first_slot, first_slot + len(group)), strict=True):
+                request.slot = slot
+                hit = self._prefixes.lookup(request.input_ids)
+                if hit is not None:  # the positions an earlier turn computed
+                    self._cache.write_slot(slot, hit.k, hit.v)
+                    request.reused = hit.length
+            fresh = [r for r in group if not r.reused]
+            extended = [r for r in group if r.reused]
+            logits = {}
+            if fresh:
+                out = self._model.prefill(self._cache, [r.input_ids for r in fresh], [r.slot for r in fresh])
+                logits.update(zip(map(id, fresh), out, strict=True))
+            if extended:
+                out = self._model.extend(self._cache, [r.input_ids[r.reused :] for r in extended],
+                                         [r.slot for r in extended], [r.reused for r in extended])
+                logits.update(zip(map(id, extended), out, strict=True))
             self._stats["prefill_calls"] += 1
-            for request, slot in zip(group, slots, strict=True):
-                request.slot, request.cached = slot, len(request.input_ids)
+            for request in group:
+                request.cached = len(request.input_ids)
+                self._stats["prompt_tokens"] += len(request.input_ids)
+                self._stats["prompt_tokens_computed"] += len(request.input_ids) - request.reused
             self._active.extend(group)
-            self._consume(group, logits)
+            self._consume(group, torch.stack([logits[id(r)] for r in group]))
             self._compact()
 
     def _next_prefill_group(self, free: int) -> list[_Request]:
@@ -538,10 +570,14 @@ class EmbeddedEngine(Engine):
             return
         request.done = True
         self._stats["requests_served"] += 1
+        if reason in ("stop", "length") and request.slot >= 0 and request.cached:
+            # what this request computed, for the next turn that starts with it
+            tokens = [*request.input_ids, *request.output_ids][: request.cached]
+            self._prefixes.add(tokens, *self._cache.read_slot(request.slot, request.cached))
         output = GenerateOutput(
             output_ids=list(request.output_ids), output_logprobs=list(request.logprobs),
             finish_reason=reason, weight_version=self._version,
-            prompt_tokens=len(request.input_ids), matched=matched,
+            prompt_tokens=len(request.input_ids), cached_tokens=request.reused, matched=matched,
             latency_s=time.perf_counter() - request.submitted, message=message,
             token_versions=list(request.versions),
         )

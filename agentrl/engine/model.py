@@ -203,6 +203,21 @@ class KVCache:
         self.v = self.v.new_empty(0)
         self.capacity = self.slots = 0
 
+    def read_slot(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of slot ``slot``'s first ``length`` keys and values ``[layers, length,
+        kv_heads, dim]``."""
+        with torch.inference_mode():
+            return self.k[:, slot, :length].clone(), self.v[:, slot, :length].clone()
+
+    def write_slot(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Stores keys and values (as :meth:`read_slot` returns them) at slot ``slot``'s first
+        positions."""
+        length = k.shape[1]
+        self.ensure_capacity(length, slot + 1)
+        with torch.inference_mode():
+            self.k[:, slot, :length] = k
+            self.v[:, slot, :length] = v
+
     def move_slot(self, src: int, dst: int, length: int) -> None:
         """Copies the first ``length`` positions of slot ``src`` into slot ``dst``."""
         with torch.inference_mode():
@@ -481,6 +496,51 @@ class DecoderModel:
             hidden = self._trunk(F.embedding(ids, self.embed), cos, sin, attend)
             last = torch.as_tensor([n - 1 for n in lengths], device=self.device)
             rows = torch.arange(len(sequences), device=self.device)
+            return self._logits(hidden[rows, last])
+
+    def extend(self, cache: KVCache, suffixes: Sequence[Sequence[int]], slots: Sequence[int],
+               starts: Sequence[int]) -> torch.Tensor:
+        """Runs each slot's next tokens after the ``starts[i]`` positions its cache already
+        holds (a prefix-cache hit), storing their keys and values after them.
+
+        The suffixes are right-padded into one batch; each query attends to its slot's cached
+        positions and to the suffix up to itself. The padding's entries land past each slot's
+        length, where decoding masks them and later overwrites them.
+
+        Returns:
+            Float32 logits ``[len(suffixes), vocab]`` at each suffix's last token.
+        """
+        with torch.inference_mode():
+            lengths = [len(s) for s in suffixes]
+            width, total = max(lengths), max(starts) + max(lengths)
+            cache.ensure_capacity(total, max(slots) + 1)
+            self._ensure_rope(total)
+            padded = torch.zeros((len(suffixes), width), dtype=torch.long)
+            for row, suffix in enumerate(suffixes):
+                padded[row, : len(suffix)] = torch.as_tensor(suffix, dtype=torch.long)
+            ids = padded.to(self.device)
+            slot_index = torch.as_tensor(list(slots), dtype=torch.long, device=self.device)
+            positions = (torch.as_tensor(list(starts), device=self.device)[:, None]
+                         + self._arange[None, :width])  # [n, width]
+            cos, sin = self._cos[positions][:, :, None], self._sin[positions][:, :, None]
+            # additive mask [n, 1, width, total]: a query sees the keys up to its own position
+            mask = torch.zeros((len(suffixes), 1, width, total), device=self.device, dtype=self.dtype)
+            mask.masked_fill_((self._arange[:total][None, None] > positions[:, :, None])[:, None],
+                              float("-inf"))
+
+            def attend(index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+                cache.k[index][slot_index[:, None], positions] = k
+                cache.v[index][slot_index[:, None], positions] = v
+                k_ctx = cache.k[index].index_select(0, slot_index)[:, :total]
+                v_ctx = cache.v[index].index_select(0, slot_index)[:, :total]
+                out = F.scaled_dot_product_attention(
+                    q.transpose(1, 2), k_ctx.transpose(1, 2), v_ctx.transpose(1, 2),
+                    attn_mask=mask, enable_gqa=True)
+                return out.transpose(1, 2)
+
+            hidden = self._trunk(F.embedding(ids, self.embed), cos, sin, attend)
+            last = torch.as_tensor([n - 1 for n in lengths], device=self.device)
+            rows = torch.arange(len(suffixes), device=self.device)
             return self._logits(hidden[rows, last])
 
     def decode(

@@ -63,7 +63,7 @@ class _EngineServer:
     """One engine process (a Ray actor; see :class:`EngineGroup`)."""
 
     def __init__(self, checkpoint: str, *, seed: int, max_batch_size: int, threads: int,
-                 version: str, max_context_len: int | None) -> None:
+                 version: str, max_context_len: int | None, prefix_cache_bytes: int) -> None:
         import torch
 
         from agentrl.engine.embedded import EmbeddedEngine
@@ -73,7 +73,8 @@ class _EngineServer:
         self.engine = EmbeddedEngine.from_pretrained(checkpoint, device=device, seed=seed,
                                                      max_batch_size=max_batch_size,
                                                      max_context_len=max_context_len,
-                                                     weight_version=version)
+                                                     weight_version=version,
+                                                     prefix_cache_bytes=prefix_cache_bytes)
         self.requests = 0  # generate calls received, for operators and drills
 
     async def info(self) -> dict[str, Any]:
@@ -149,6 +150,7 @@ class EngineGroup(Engine):
         health_check_timeout: Seconds an engine may take to answer one.
         max_retries: Times one request is retried after its engine died.
         max_context_len: Each engine's context length (default: the model's).
+        prefix_cache_bytes: Each engine's memory for earlier turns' keys and values (0: off).
         owns_placement: :meth:`close` removes the placement group too.
     """
 
@@ -157,7 +159,8 @@ class EngineGroup(Engine):
         resources: Mapping[str, float], seed: int = 0, max_batch_size: int = 32, threads: int = 1,
         fault_tolerance: bool = False, health_check_interval: float = 10.0,
         health_check_timeout: float = 30.0, max_retries: int = 3,
-        max_context_len: int | None = None, owns_placement: bool = False,
+        max_context_len: int | None = None, prefix_cache_bytes: int = 0,
+        owns_placement: bool = False,
     ) -> None:
         if not bundles:
             raise EngineError("an EngineGroup needs at least one engine")
@@ -174,6 +177,7 @@ class EngineGroup(Engine):
         self.max_retries = max_retries
         self.owns_placement = owns_placement
         self.context_len_limit = max_context_len
+        self.prefix_cache_bytes = prefix_cache_bytes
         self.max_context_len: int | None = None
         self.slots = [_Slot(index=i, bundle=b) for i, b in enumerate(bundles)]
         self._version = "0"
@@ -309,7 +313,8 @@ class EngineGroup(Engine):
         handle = remote.remote(self.checkpoint, seed=self.seed + slot.index,
                                max_batch_size=self.max_batch_size, threads=self.threads,
                                version=self._version,
-                               max_context_len=self.context_len_limit)
+                               max_context_len=self.context_len_limit,
+                               prefix_cache_bytes=self.prefix_cache_bytes)
         info = await handle.info.remote()
         if self._weights is not None:  # a restart: the weights it must serve are the latest push
             ref, path = self._weights
@@ -403,7 +408,8 @@ class EngineGroup(Engine):
 
 
 async def launch_engines(cluster: Any, checkpoint: str | Path, *, seed: int, max_batch_size: int,
-                         trainer: Any = None, max_context_len: int | None = None) -> EngineGroup:
+                         trainer: Any = None, max_context_len: int | None = None,
+                         prefix_cache_bytes: int = 0) -> EngineGroup:
     """Embedded engine actors on the bundles of :func:`engine_bundles`."""
     from agentrl.models.hf_config import load_tokenizer
 
@@ -414,5 +420,6 @@ async def launch_engines(cluster: Any, checkpoint: str | Path, *, seed: int, max
         fault_tolerance=cluster.use_fault_tolerance,
         health_check_interval=cluster.rollout_health_check_interval,
         health_check_timeout=cluster.rollout_health_check_timeout,
-        max_context_len=max_context_len, owns_placement=where.owns_placement,
+        max_context_len=max_context_len, prefix_cache_bytes=prefix_cache_bytes,
+        owns_placement=where.owns_placement,
     )

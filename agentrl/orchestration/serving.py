@@ -23,6 +23,7 @@ from agentrl.orchestration.engines import launch_engines
 from agentrl.orchestration.flags import Args
 from agentrl.orchestration.remote_errors import readable
 from agentrl.rollout.build import load_policy_engine
+from agentrl.rollout.config import RolloutConfig
 from agentrl.trainer.protocol import Trainer
 
 __all__ = ["serve_policy", "start_policy", "start_trainer"]
@@ -81,6 +82,13 @@ def start_trainer(args: Args, checkpoint: str | Path, *, in_background: bool = F
     return MegatronActor(trainer, **kwargs)
 
 
+def prefix_cache_bytes(rollout: RolloutConfig) -> int:
+    """The embedded engine's memory for earlier turns' keys and values (0: off)."""
+    from agentrl.engine.embedded import DEFAULT_PREFIX_CACHE_BYTES
+
+    return DEFAULT_PREFIX_CACHE_BYTES if rollout.engine_prefix_cache else 0
+
+
 async def serve_policy(rollout: Any, cluster: Any, checkpoint: str | Path, trainer: Any = None,
                        lora_rank: int = 0) -> Engine:
     """The rollout's engine: inference servers (``--rollout-backend sglang`` / ``sglang-compat`` /
@@ -94,8 +102,10 @@ async def serve_policy(rollout: Any, cluster: Any, checkpoint: str | Path, train
         return await launch_servers(rollout, cluster, checkpoint, trainer=trainer, lora_rank=lora_rank)
     if not cluster.engine_actors:
         return await asyncio.to_thread(load_policy_engine, rollout, max_batch_size=rollout.rollout_concurrency,
-                                       max_context_len=rollout.engine_context_len)
+                                       max_context_len=rollout.engine_context_len,
+                                       prefix_cache_bytes=prefix_cache_bytes(rollout))
     per_engine = -(-rollout.rollout_concurrency // cluster.num_engines)
     return await launch_engines(cluster, checkpoint, seed=rollout.rollout_seed,
                                 max_batch_size=per_engine, trainer=trainer,
-                                max_context_len=rollout.engine_context_len)
+                                max_context_len=rollout.engine_context_len,
+                                prefix_cache_bytes=prefix_cache_bytes(rollout))

@@ -17,7 +17,7 @@ from agentrl.errors import ConfigError
 __all__ = ["RolloutConfig"]
 
 
-EMBEDDED_SGLANG_ARGS = frozenset({"context-length"})
+EMBEDDED_SGLANG_ARGS = frozenset({"context-length", "disable-radix-cache"})
 """``--sglang-*`` settings the embedded engine honours."""
 COMPAT_SGLANG_ARGS = frozenset({"context-length", "max-running-requests", "random-seed"})
 """``--sglang-*`` settings agentrl's SGLang-compatible server takes."""
@@ -147,7 +147,8 @@ class RolloutConfig:
                                 choices=("cache_aware", "round_robin", "random", "power_of_two", "none"))
     sglang_args: dict[str, str | None] = dataclasses.field(default_factory=dict, metadata={"cli": False})
     """``--sglang-X [VALUE]`` flags, ``{"X": VALUE}``: SGLang server arguments (``--X VALUE``),
-    collected by :func:`collect_server_args`. The embedded engine honours ``context-length``."""
+    collected by :func:`collect_server_args`. The embedded engine honours ``context-length`` and
+    ``disable-radix-cache`` (no reuse of earlier turns' keys and values)."""
     vllm_args: dict[str, str | None] = dataclasses.field(default_factory=dict, metadata={"cli": False})
     """``--vllm-X [VALUE]`` flags, ``{"X": VALUE}``: vLLM server arguments (``--X VALUE``) for
     ``--rollout-backend vllm``, over agentrl's defaults
@@ -302,6 +303,12 @@ class RolloutConfig:
         value = (self.vllm_args.get("max-model-len") if self.rollout_backend == "vllm"
                  else self.sglang_args.get("context-length"))
         return int(value) if value is not None else None
+
+    @property
+    def engine_prefix_cache(self) -> bool:
+        """Whether the embedded engine reuses earlier turns' keys and values (SGLang's radix
+        cache; off with ``--sglang-disable-radix-cache``)."""
+        return "disable-radix-cache" not in self.sglang_args
 
     @property
     def env_kwargs(self) -> dict[str, Any]:

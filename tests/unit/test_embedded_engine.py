@@ -491,3 +491,47 @@ def test_health_close_and_cancellation(model_dir: Path) -> None:
         assert not engine._thread.is_alive()
 
     asyncio.run(main())
+
+
+# --- the prefix store ------------------------------------------------------------------------
+
+
+def test_the_next_turn_reuses_what_the_previous_turn_computed(model_dir: Path,
+                                                             hf: Qwen2ForCausalLM) -> None:
+    """A second turn (the first turn's prompt and output, then an env reply) computes only the
+    reply and the last sampled token; its outputs and log-probs are those of a full prefill."""
+    prompt = _prompt(40, 500)
+    sampling = SamplingParams(max_new_tokens=10, temperature=0.7, sampling_seed=3, ignore_eos=True)
+
+    async def body(engine: EmbeddedEngine) -> tuple[Any, ...]:
+        first = await engine.generate(prompt, sampling)
+        turn = [*prompt, *first.output_ids, *_prompt(6, 900)]
+        second = await engine.generate(turn, sampling)
+        return first, second, turn, engine.stats()
+
+    first, second, turn, stats = run(model_dir, body)
+    assert first.cached_tokens == 0
+    assert second.cached_tokens == len(prompt) + len(first.output_ids) - 1
+    assert stats["prompt_tokens"] == len(prompt) + len(turn)
+    assert stats["prompt_tokens_computed"] == len(prompt) + len(turn) - second.cached_tokens
+    _, alone, _, _ = run(model_dir, body, prefix_cache_bytes=0)
+    assert alone.cached_tokens == 0 and alone.output_ids == second.output_ids
+    assert torch.allclose(torch.tensor(second.output_logprobs), torch.tensor(alone.output_logprobs),
+                          atol=1e-5, rtol=0)
+    expected = _hf_logprobs(hf, turn, second.output_ids, 0.7)
+    assert torch.allclose(torch.tensor(second.output_logprobs), expected, atol=1e-4, rtol=0)
+
+
+def test_a_weight_update_empties_the_prefix_store(model_dir: Path, other_dir: Path) -> None:
+    prompt = _prompt(40, 500)
+    other = Qwen2ForCausalLM.from_pretrained(other_dir).eval()
+
+    async def body(engine: EmbeddedEngine) -> tuple[GenerateOutput, GenerateOutput]:
+        await engine.generate(prompt, GREEDY)
+        again = await engine.generate([*prompt, 7, 8], GREEDY)  # a hit on the same weights
+        await engine.update_weights(state_dict=other.state_dict(), version="1")
+        return again, await engine.generate([*prompt, 7, 8], GREEDY)
+
+    again, after = run(model_dir, body)
+    assert again.cached_tokens == len(prompt)
+    assert after.cached_tokens == 0 and after.output_ids == _hf_greedy(other, [*prompt, 7, 8], 16)

@@ -260,3 +260,32 @@ def test_the_cache_allocates_the_slots_in_use_not_the_limit() -> None:
     assert cache.nbytes == 6 * 20 * per_slot_position
     cache.release()
     assert cache.nbytes == 0 and (cache.slots, cache.capacity) == (0, 0)
+
+
+@pytest.mark.parametrize("case", ["qwen2-tied", "llama-untied"])
+def test_extend_after_a_stored_prefix_equals_the_full_forward(case: str) -> None:
+    """A prefix-cache hit: each slot holds the first positions of its sequence (copied in, as
+    the prefix store does), ``extend`` runs the rest in one padded batch, and decoding goes on
+    from there; every logit equals one full forward's."""
+    kind, overrides = CASES[case]
+    hf, config = _small(kind, **overrides)
+    model = DecoderModel.from_state_dict(config, hf.state_dict(), device="cpu")
+    gen = torch.Generator().manual_seed(5)
+    seqs = [torch.randint(0, VOCAB, (40,), generator=gen).tolist() for _ in range(2)]
+    ref = _reference_logits(hf, torch.tensor(seqs))
+    source = model.new_cache(num_slots=4, max_len=64, initial_len=4)
+    model.prefill(source, [seqs[0][:20], seqs[1][:7]], [0, 1])
+    cache = model.new_cache(num_slots=4, max_len=64, initial_len=4)
+    starts, ends = [17, 7], [30, 25]  # 17 of slot 0's 20 stored positions are reused
+    for row, slot in enumerate((2, 3)):
+        cache.write_slot(slot, *source.read_slot(row, starts[row]))
+    logits = model.extend(cache, [seqs[r][starts[r] : ends[r]] for r in range(2)], [2, 3], starts)
+    for row in range(2):
+        assert torch.allclose(logits[row], ref[row, ends[row] - 1], atol=DECODE_TOL, rtol=0)
+    positions = list(ends)
+    for _ in range(5):
+        tokens = torch.tensor([seqs[row][p] for row, p in enumerate(positions)])
+        logits = model.decode(cache, tokens, positions, slots=[2, 3])
+        for row, p in enumerate(positions):
+            assert torch.allclose(logits[row], ref[row, p], atol=DECODE_TOL, rtol=0), (row, p)
+        positions = [p + 1 for p in positions]
