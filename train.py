@@ -26,6 +26,7 @@ from agentrl.eval.runner import EvalEnvs, run_evaluation
 from agentrl.orchestration.checkpoints import (
     DATA_FILE,
     PIPELINE_FILE,
+    export_hf,
     latest_checkpoint,
     publish_checkpoint,
     read_pipeline_state,
@@ -135,7 +136,8 @@ async def main(argv: list[str]) -> None:
                         publish_checkpoint(save_root, rollout_id + 1, functools.partial(
                             save, actor=actor, extra=extra, data=data, pipeline=pipeline))
                         if trainer.save_hf:
-                            actor.save_hf(f"{trainer.save_hf}/rollout_{rollout_id + 1:05d}", tokenizer_dir=checkpoint)
+                            export_hf(actor, f"{trainer.save_hf}/rollout_{rollout_id + 1:05d}", checkpoint,
+                                      rollout.chat_template)
                 log.metrics(rollout_id, {**batch.metrics, **{f"train/{k}": v for k, v in train_metrics.items()}})
 
             if run.eval_interval:

@@ -27,6 +27,7 @@ from typing import Any
 from agentrl.errors import ConfigError
 
 __all__ = ["DATA_FILE", "MANIFEST", "PIPELINE_FILE", "checkpoint_folder", "checkpoint_problem",
+           "export_hf",
            "check_resumable", "latest_checkpoint", "mark_latest", "publish_checkpoint",
            "read_pipeline_state", "resume_advice"]
 
@@ -232,3 +233,16 @@ def _write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
+
+
+def export_hf(actor: Any, out_dir: str | Path, checkpoint: str | Path,
+              chat_template: str | None) -> Path:
+    """A ``--save-hf`` export: the trainer's Hugging Face folder with the tokenizer of the
+    model the run started from, and the run's ``--chat-template`` when one was given (so the
+    export plays as the run played without the flag)."""
+    from agentrl.chat.templates import load_chat_template
+
+    out = Path(actor.save_hf(out_dir, tokenizer_dir=checkpoint))
+    if chat_template is not None:
+        (out / "chat_template.jinja").write_text(load_chat_template(chat_template)[1], encoding="utf-8")
+    return out

@@ -11,6 +11,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+from agentrl.chat import CHATML_HERMES_TEMPLATE
 from tests.support.real_model import NAME, smollm2
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,7 +24,8 @@ def test_train_py_trains_the_named_model_with_lora_and_exports_it(tmp_path):
         [sys.executable, str(REPO / "train.py"), "--env", "calc", "--hf-checkpoint", NAME,
          "--lora-rank", "8", "--num-rollout", "1", "--rollout-batch-size", "2",
          "--n-samples-per-prompt", "2", "--max-turns", "2", "--rollout-max-response-len", "24",
-         "--no-progress", "--output-dir", str(out), "--save-hf", str(out / "hf")],
+         "--chat-template", "chatml-hermes", "--no-progress", "--output-dir", str(out),
+         "--save-hf", str(out / "hf")],
         cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     [row] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -34,6 +36,8 @@ def test_train_py_trains_the_named_model_with_lora_and_exports_it(tmp_path):
     export = out / "hf" / "rollout_00001"
     assert (export / "model.safetensors").is_file() and (export / "adapter" / "adapter_config.json").is_file()
     assert "renders no tool calls" not in done.stderr
+    # the export plays as the run played: its template is the run's --chat-template
+    assert (export / "chat_template.jinja").read_text() == CHATML_HERMES_TEMPLATE
 
 
 def _gguf(into: Path) -> Path:
