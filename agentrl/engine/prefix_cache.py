@@ -18,8 +18,9 @@ What is and is not reused:
 * Reuse needs equal token ids from position 0, which token-in/token-out rollouts give by
   construction (a turn's prompt is the previous sequence plus the env's delta). Samples of one
   GRPO group share their prompt, so a group's later samples reuse its first one's prompt.
-* Memory is bounded by ``budget_bytes``: the least recently used entries are dropped first, and
-  an entry that is a prefix of a newer one is dropped when the newer one is stored.
+* Memory is bounded by ``budget_bytes`` (and the entries by ``max_entries``): the least
+  recently used entries are dropped first, and an entry that is a prefix of a newer one is
+  dropped when the newer one is stored.
 * A hit needs at least ``min_tokens`` common tokens, and one token of the request is always
   computed (its logits give the first output token).
 """
@@ -64,18 +65,17 @@ class PrefixStore:
     Args:
         budget_bytes: Most bytes of keys and values held; 0 disables the store.
         min_tokens: Shortest common prefix worth a hit.
+        max_entries: Most sequences held (a lookup compares the request with each).
     """
 
-    def __init__(self, budget_bytes: int, min_tokens: int = 16) -> None:
+    def __init__(self, budget_bytes: int, min_tokens: int = 16, max_entries: int = 256) -> None:
         self.budget_bytes = int(budget_bytes)
         self.min_tokens = int(min_tokens)
+        self.max_entries = int(max_entries)
         self._entries: list[_Entry] = []
         self._clock = itertools.count()
-
-    @property
-    def nbytes(self) -> int:
+        self.nbytes = 0
         """Bytes held now."""
-        return sum(e.nbytes for e in self._entries)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -83,6 +83,7 @@ class PrefixStore:
     def clear(self) -> None:
         """Drops every entry (the weights changed, or memory is needed)."""
         self._entries.clear()
+        self.nbytes = 0
 
     def lookup(self, input_ids: Sequence[int]) -> PrefixHit | None:
         """The stored positions sharing the longest prefix with ``input_ids`` (at most all but
@@ -115,5 +116,6 @@ class PrefixStore:
                          if not (len(e.tokens) <= len(ids) and torch.equal(e.tokens, ids[: len(e.tokens)]))]
         self._entries.append(entry)
         self._entries.sort(key=lambda e: e.used)
-        while self.nbytes > self.budget_bytes:
-            self._entries.pop(0)
+        self.nbytes = sum(e.nbytes for e in self._entries)
+        while self.nbytes > self.budget_bytes or len(self._entries) > self.max_entries:
+            self.nbytes -= self._entries.pop(0).nbytes

@@ -78,3 +78,10 @@ def test_sglangs_flag_turns_the_embedded_engines_reuse_off():
     off = RolloutConfig(env="calc", sglang_args={"disable-radix-cache": None})
     off.validate()  # an --sglang-* flag the embedded engine honours
     assert prefix_cache_bytes(on) > 0 and prefix_cache_bytes(off) == 0
+
+
+def test_the_entry_count_is_bounded_too():
+    s = PrefixStore(1 << 30, min_tokens=3, max_entries=2)
+    for first in (1, 2, 3):
+        s.add([first] * 4, *kv([first] * 4))
+    assert len(s) == 2 and s.lookup([1] * 4 + [0]) is None and s.nbytes == 8 * PER_TOKEN
