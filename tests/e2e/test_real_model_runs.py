@@ -66,3 +66,15 @@ def test_agentrl_eval_plays_a_gguf_file_converted_once(tmp_path):
     assert record["architecture"] == "llama" and record["chat_template"].startswith("chatml-hermes")
     again = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
     assert again.returncode == 0 and "converting" not in again.stderr  # the cache is reused
+
+
+def test_agentrl_models_lists_and_refuses_an_unknown_name():
+    smollm2()
+    listed = subprocess.run([sys.executable, "-m", "agentrl", "models", "list"],
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0 and f"{NAME}  (fetched; Apache-2.0" in listed.stdout
+    unknown = subprocess.run([sys.executable, "-m", "agentrl", "models", "get", "llama-9000"],
+                             capture_output=True, text=True, timeout=120)
+    assert unknown.returncode == 1
+    assert unknown.stderr.startswith("agentrl: error: unknown model 'llama-9000'; known: smollm2-135m-instruct")
+    assert "Traceback" not in unknown.stderr
