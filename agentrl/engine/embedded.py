@@ -315,6 +315,9 @@ class EmbeddedEngine(Engine):
         """
 
         def apply() -> None:
+            # requests whose callers gave up (a rollout that had enough groups) go first: the
+            # scheduler sweeps them after commands, and they hold nothing anyone waits for
+            self._sweep_cancelled()
             if self._active or self._waiting:
                 raise EngineError(f"release_memory needs an idle engine: {len(self._active)} "
                                   f"requests decoding, {len(self._waiting)} waiting")

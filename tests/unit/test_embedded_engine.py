@@ -535,3 +535,20 @@ def test_a_weight_update_empties_the_prefix_store(model_dir: Path, other_dir: Pa
     again, after = run(model_dir, body)
     assert again.cached_tokens == len(prompt)
     assert after.cached_tokens == 0 and after.output_ids == _hf_greedy(other, [*prompt, 7, 8], 16)
+
+
+def test_release_memory_right_after_cancelled_requests_frees_the_cache(model_dir: Path) -> None:
+    """A rollout that has enough groups cancels the rest and the train step frees the cache at
+    once: the cancelled requests must not make the engine look busy."""
+    long = SamplingParams(max_new_tokens=400, temperature=1.0, ignore_eos=True)
+
+    async def body(engine: EmbeddedEngine) -> int:
+        tasks = [asyncio.ensure_future(engine.generate(_prompt(30, 100 + i), long)) for i in range(3)]
+        await _wait_for(lambda: engine.stats()["tokens_generated"] > 3)
+        for task in tasks:
+            task.cancel()
+        await engine.release_memory()  # raised "needs an idle engine" before the sweep
+        out = await engine.generate(_prompt(20), GREEDY)  # and the engine serves again
+        return len(out.output_ids)
+
+    assert run(model_dir, body) == GREEDY.max_new_tokens
