@@ -481,31 +481,46 @@ class EmbeddedEngine(Engine):
         """Prefills waiting requests into free slots, in budget-sized groups."""
         while self._waiting and len(self._active) < self.max_batch_size:
             group = self._next_prefill_group(self.max_batch_size - len(self._active))
-            first_slot = len(self._active)
-            for request, slot in zip(group, range(first_slot, first_slot + len(group)), strict=True):
-                request.slot = slot
-                hit = self._prefixes.lookup(request.input_ids)
-                if hit is not None:  # the positions an earlier turn computed
-                    self._cache.write_slot(slot, hit.k, hit.v)
-                    request.reused = hit.length
-            fresh = [r for r in group if not r.reused]
-            extended = [r for r in group if r.reused]
-            logits = {}
-            if fresh:
-                out = self._model.prefill(self._cache, [r.input_ids for r in fresh], [r.slot for r in fresh])
-                logits.update(zip(map(id, fresh), out, strict=True))
-            if extended:
-                out = self._model.extend(self._cache, [r.input_ids[r.reused :] for r in extended],
-                                         [r.slot for r in extended], [r.reused for r in extended])
-                logits.update(zip(map(id, extended), out, strict=True))
-            self._stats["prefill_calls"] += 1
-            for request in group:
-                request.cached = len(request.input_ids)
-                self._stats["prompt_tokens"] += len(request.input_ids)
-                self._stats["prompt_tokens_computed"] += len(request.input_ids) - request.reused
-            self._active.extend(group)
-            self._consume(group, torch.stack([logits[id(r)] for r in group]))
-            self._compact()
+            try:
+                self._prefill_group(group)
+            except BaseException as exc:
+                # the group is in neither queue now: its callers would wait forever
+                error = EngineError(f"the engine's scheduler failed: {exc!r}")
+                for request in group:
+                    if not request.done:
+                        request.done = True
+                        _post(request.loop, request.future, None, error)
+                raise
+
+    def _prefill_group(self, group: list[_Request]) -> None:
+        """Computes ``group``'s prompts (from a stored prefix where one matches) into the next
+        free slots, samples their first tokens and makes them active."""
+        first_slot = len(self._active)
+        for request, slot in zip(group, range(first_slot, first_slot + len(group)), strict=True):
+            request.slot = slot
+            hit = self._prefixes.lookup(request.input_ids)
+            if hit is not None:  # the positions an earlier turn computed
+                self._cache.write_slot(slot, hit.k, hit.v)
+                request.reused = hit.length
+        fresh = [r for r in group if not r.reused]
+        extended = [r for r in group if r.reused]
+        logits = {}
+        if fresh:
+            out = self._model.prefill(self._cache, [r.input_ids for r in fresh], [r.slot for r in fresh])
+            logits.update(zip(map(id, fresh), out, strict=True))
+        for request in extended:  # one at a time: padded together, a short suffix after a
+            # long prefix would reach past the context limit
+            out = self._model.extend(self._cache, [request.input_ids[request.reused :]],
+                                     [request.slot], [request.reused])
+            logits[id(request)] = out[0]
+        self._stats["prefill_calls"] += 1
+        for request in group:
+            request.cached = len(request.input_ids)
+            self._stats["prompt_tokens"] += len(request.input_ids)
+            self._stats["prompt_tokens_computed"] += len(request.input_ids) - request.reused
+        self._active.extend(group)
+        self._consume(group, torch.stack([logits[id(r)] for r in group]))
+        self._compact()
 
     def _next_prefill_group(self, free: int) -> list[_Request]:
         group = [self._waiting.popleft()]

@@ -505,7 +505,8 @@ class DecoderModel:
 
         The suffixes are right-padded into one batch; each query attends to its slot's cached
         positions and to the suffix up to itself. The padding's entries land past each slot's
-        length, where decoding masks them and later overwrites them.
+        length, where decoding masks them and later overwrites them; so the cache must hold
+        ``max(starts) + longest suffix`` positions (one row at a time needs only its own).
 
         Returns:
             Float32 logits ``[len(suffixes), vocab]`` at each suffix's last token.

@@ -552,3 +552,33 @@ def test_release_memory_right_after_cancelled_requests_frees_the_cache(model_dir
         return len(out.output_ids)
 
     assert run(model_dir, body) == GREEDY.max_new_tokens
+
+
+def test_hits_of_very_different_lengths_stay_within_the_context(model_dir: Path) -> None:
+    """Two next turns admitted together, one after a long prefix and one with a long new part:
+    each is extended on its own, so neither reaches past the context limit (together, padded,
+    they asked the cache for more positions than the limit and stopped the scheduler)."""
+    sampling = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+
+    async def body(engine: EmbeddedEngine) -> list[GenerateOutput]:
+        long, short = _prompt(200, 100), _prompt(30, 700)
+        first = await asyncio.gather(engine.generate(long, sampling), engine.generate(short, sampling))
+        turns = [[*long, *first[0].output_ids, 1, 2], [*short, *first[1].output_ids, *_prompt(120, 900)]]
+        return list(await asyncio.gather(*(engine.generate(t, sampling) for t in turns)))
+
+    outputs = run(model_dir, body, max_context_len=256)
+    assert [o.cached_tokens for o in outputs] == [203, 33]
+    assert all(len(o.output_ids) == 4 for o in outputs)
+
+
+def test_a_failure_while_admitting_fails_the_requests_instead_of_hanging(model_dir: Path) -> None:
+    async def body(engine: EmbeddedEngine) -> str:
+        def broken(*args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("prefill broke")
+
+        engine.model.prefill = broken  # the scheduler thread fails admitting the request
+        with pytest.raises(EngineError) as info:
+            await asyncio.wait_for(engine.generate(_prompt(20), GREEDY), timeout=30)
+        return str(info.value)
+
+    assert "prefill broke" in run(model_dir, body)
