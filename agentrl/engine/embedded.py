@@ -588,7 +588,7 @@ class EmbeddedEngine(Engine):
             return
         request.done = True
         self._stats["requests_served"] += 1
-        if reason in ("stop", "length") and request.slot >= 0 and request.cached:
+        if reason in ("stop", "length") and request.slot >= 0 and self._prefixes.keeps(request.cached):
             # what this request computed, for the next turn that starts with it
             tokens = [*request.input_ids, *request.output_ids][: request.cached]
             self._prefixes.add(tokens, *self._cache.read_slot(request.slot, request.cached))

@@ -85,6 +85,11 @@ class PrefixStore:
         self._entries.clear()
         self.nbytes = 0
 
+    def keeps(self, length: int) -> bool:
+        """Whether :meth:`add` would keep a sequence of ``length`` positions at all (so the
+        caller copies its keys and values only then)."""
+        return self.budget_bytes > 0 and length >= self.min_tokens
+
     def lookup(self, input_ids: Sequence[int]) -> PrefixHit | None:
         """The stored positions sharing the longest prefix with ``input_ids`` (at most all but
         its last token), or ``None`` below ``min_tokens``."""
@@ -106,7 +111,7 @@ class PrefixStore:
     def add(self, tokens: Sequence[int], k: torch.Tensor, v: torch.Tensor) -> None:
         """Stores a finished sequence's keys and values ``[layers, len(tokens), kv_heads, dim]``;
         drops stored prefixes of it, then the least recently used entries over the budget."""
-        if self.budget_bytes <= 0 or len(tokens) < self.min_tokens:
+        if not self.keeps(len(tokens)):
             return
         ids = torch.as_tensor(list(tokens), dtype=torch.long)
         entry = _Entry(ids, k, v, next(self._clock))

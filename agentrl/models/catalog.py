@@ -42,7 +42,7 @@ from agentrl.chat.tiny_tokenizer import cache_root
 from agentrl.errors import ConfigError
 
 __all__ = ["GGUF_ARCHITECTURES", "NAMED_MODELS", "ModelFetchError", "NamedModel", "get_model",
-           "import_gguf", "resolve_checkpoint"]
+           "import_gguf", "is_fetched", "resolve_checkpoint"]
 
 GGUF_ARCHITECTURES = ("llama", "qwen2")
 """GGUF ``general.architecture`` values that convert into models agentrl trains and serves."""
@@ -174,6 +174,11 @@ def import_gguf(path: str | Path, *, say: Say = _say_on_stderr) -> Path:
     say(f"agentrl: converting {path} into a Hugging Face folder once ({final})")
     _convert_into(path, final, {"gguf": str(path), "sha256": digest}, say=say)
     return final
+
+
+def is_fetched(name: str) -> bool:
+    """Whether the named model's converted folder is complete in the cache."""
+    return _complete(models_dir() / name)
 
 
 def _complete(folder: Path) -> bool:

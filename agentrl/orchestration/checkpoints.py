@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentrl.chat.templates import load_chat_template
 from agentrl.errors import ConfigError
 
 __all__ = ["DATA_FILE", "MANIFEST", "PIPELINE_FILE", "checkpoint_folder", "checkpoint_problem",
@@ -240,8 +241,6 @@ def export_hf(actor: Any, out_dir: str | Path, checkpoint: str | Path,
     """A ``--save-hf`` export: the trainer's Hugging Face folder with the tokenizer of the
     model the run started from, and the run's ``--chat-template`` when one was given (so the
     export plays as the run played without the flag)."""
-    from agentrl.chat.templates import load_chat_template
-
     out = Path(actor.save_hf(out_dir, tokenizer_dir=checkpoint))
     if chat_template is not None:
         (out / "chat_template.jinja").write_text(load_chat_template(chat_template)[1], encoding="utf-8")
