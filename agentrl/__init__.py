@@ -2,7 +2,8 @@
 
 The public surface users write code against:
 
-* :class:`ToolEnv`, :class:`EpisodeState` - the environment contract.
+* :class:`ToolEnv`, :class:`EpisodeState` - the environment contract; :class:`TaskFields` -
+  what a task row holds and which of it the policy may see.
 * :func:`tool`, :class:`Tool` - typed Python functions as tools.
 * :func:`register_env`, :func:`make_env`, :func:`check_env`, :func:`list_envs` - the registry
   (importing agentrl registers the built-in envs, also with Gymnasium as ``agentrl/<id>``).
@@ -14,6 +15,7 @@ from agentrl._version import __version__
 from agentrl.env import (
     EpisodeState,
     SandboxedToolEnv,
+    TaskFields,
     ToolEnv,
     check_env,
     env_spec,
@@ -35,6 +37,7 @@ __all__ = [
     "Sample",
     "SandboxedToolEnv",
     "Status",
+    "TaskFields",
     "Tool",
     "ToolCall",
     "ToolEnv",

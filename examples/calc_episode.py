@@ -28,7 +28,7 @@ def main() -> None:
         _, info = env.reset(seed=args.seed + episode)
         terminated = truncated = False
         while not (terminated or truncated):
-            action = calc_oracle(env, info["task"], env.messages)
+            action = calc_oracle(env, env.state.task, env.messages)  # the expert knows the row
             _, reward, terminated, truncated, _ = env.step(action)
         print(f"--- episode {episode} ({info['task']['id']})")
         print(env.render())

@@ -87,7 +87,7 @@ def main() -> None:
             terminated = truncated = False
             reward = 0.0
             while not (terminated or truncated):
-                action = env.oracle_action(info["task"], env.messages)
+                action = env.oracle_action(env.state.task, env.messages)
                 _, reward, terminated, truncated, _ = env.step(action)
             print(f"--- {task['id']}\n{env.render()}\nreward {reward}\n")
     finally:

@@ -7,6 +7,8 @@ failed and what was seen.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 from jsonschema.exceptions import SchemaError
 
 from agentrl.env.core import ToolEnv
+from agentrl.env.leakage import Leak, canary_row, find_leaks, value_needles
 from agentrl.env.messages import message_problem
 from agentrl.env.rewards import SUCCESS_REWARD
 from agentrl.errors import AgentRLError, EnvCheckError, ToolErrorKind
@@ -33,6 +36,7 @@ CHECKS = (
     "bad arguments",
     "truncation",
     "oracle",
+    "leakage",
     "close",
 )
 """The checks :func:`check_env` runs, in order."""
@@ -61,7 +65,9 @@ def check_env(
     ``max_turns`` tool turns truncate; when the env has a scripted oracle (its
     ``oracle_action`` does not raise :class:`~agentrl.errors.AgentRLError`), playing it on
     ``oracle_episodes`` tasks (the first of ``task_set("test")``, else seeds; a fixed task in
-    ``options`` once) succeeds on at least 95% of them; ``close()`` twice is fine.
+    ``options`` once) succeeds on at least 95% of them; no private value of a task (a field
+    its ``task_fields`` does not declare public) reaches the policy side (see
+    :func:`_check_leakage`); ``close()`` twice is fine.
 
     An env with ``mcp_servers`` also gets its servers checked: the first ``reset`` starts them
     (a server that does not start, or lists a tool that cannot be offered, fails ``reset``);
@@ -83,16 +89,28 @@ def check_env(
     Raises:
         EnvCheckError: The first failed check, named in the message.
     """
-    skipped: list[str] = []
     if not isinstance(env, ToolEnv):
         _fail("type", f"expected an agentrl.ToolEnv, got {type(env).__name__}")
+    try:
+        return _check_contract(env, seed, options, oracle_episodes)
+    except EnvCheckError:
+        with contextlib.suppress(Exception):  # the failed check is the news, not a failing close
+            env.close()
+        raise
+
+
+def _check_contract(env: ToolEnv, seed: int, options: Mapping[str, Any] | None,
+                    oracle_episodes: int) -> list[str]:
+    """:func:`check_env` on a ToolEnv."""
+    skipped: list[str] = []
     _check_schemas(env)
 
     runs = []
     for _ in range(2):
         first, first_info = _reset_with_info(env, seed, options)
+        first_task = _row_of(env)
         after, after_info = _reset_with_info(env, None, options)
-        runs.append((first, first_info.get("task"), after, after_info.get("task")))
+        runs.append((first, first_task, after, _row_of(env)))
     for what, index in (("observations", 0), ("tasks", 1)):
         for call, offset in ((f"reset(seed={seed})", 0), (f"reset() after reset(seed={seed})", 2)):
             one, two = _canonical(runs[0][index + offset]), _canonical(runs[1][index + offset])
@@ -155,6 +173,10 @@ def check_env(
     elif not _check_oracle(env, seed, options, oracle_episodes):
         skipped.append("oracle: the env has no scripted oracle (its oracle_action raises "
                        "AgentRLError), so no episode was played to success")
+
+    skip = _check_leakage(env, seed, options, max(1, oracle_episodes))
+    if skip:
+        skipped.append(f"leakage: {skip}")
 
     try:
         env.close()
@@ -232,29 +254,14 @@ def _check_oracle(
 ) -> bool:
     """Plays the oracle on ``episodes`` tasks; returns False (nothing played) when
     ``oracle_action`` raises AgentRLError on the first turn (the env has none)."""
-    plays: list[tuple[str, int, Mapping[str, Any] | None]] = []
-    if not options:
-        try:
-            tasks = env.task_set("test", limit=episodes)
-        except AgentRLError:  # no fixed task set (or no test split): play seeds instead
-            tasks = []
-        except Exception as exc:  # noqa: BLE001 - reported as the failed check
-            _fail("oracle", f"task_set('test') raised {type(exc).__name__}: {exc}")
-        for i, task in enumerate(tasks[:episodes]):
-            label = str(task.get("id", task.get("task_id", f"test task {i}")))
-            plays.append((label, seed + i, {"task": task}))
-    # A fixed task (options={"task": row}) is played once: more episodes would only repeat it.
-    wanted = 1 if options and "task" in options else episodes
-    while len(plays) < wanted:
-        i = len(plays)
-        plays.append((f"reset(seed={seed + i})", seed + i, options))
+    plays = _plays(env, "oracle", seed, options, episodes)
     failures = []
     for index, (label, play_seed, play_options) in enumerate(plays):
         _, info = _reset_with_info(env, play_seed, play_options)
         reward, terminated, truncated, turn = 0.0, False, False, 0
         while not (terminated or truncated):
             try:
-                action = env.oracle_action(info.get("task", {}), list(env.messages))
+                action = env.oracle_action(env.state.task, list(env.messages))  # the expert knows the row
             except AgentRLError as exc:
                 if index == 0 and turn == 0:
                     return False  # the env has no scripted oracle
@@ -279,6 +286,150 @@ def _check_oracle(
             "AgentRLError (the default). Failed:\n  " + "\n  ".join(failures),
         )
     return True
+
+
+def _plays(env: ToolEnv, check: str, seed: int, options: Mapping[str, Any] | None,
+           episodes: int) -> list[tuple[str, int, Mapping[str, Any] | None]]:
+    """The episodes a check plays: (label, seed, reset options). The first ``episodes`` tasks
+    of ``task_set("test")``, else seeds; a fixed task (``options={"task": row}``) once, as
+    more episodes would only repeat it."""
+    plays: list[tuple[str, int, Mapping[str, Any] | None]] = []
+    if not options:
+        try:
+            tasks = env.task_set("test", limit=episodes)
+        except AgentRLError:  # no fixed task set (or no test split): play seeds instead
+            tasks = []
+        except Exception as exc:  # noqa: BLE001 - reported as the failed check
+            _fail(check, f"task_set('test') raised {type(exc).__name__}: {exc}")
+        for i, task in enumerate(tasks[:episodes]):
+            label = str(task.get("id", task.get("task_id", f"test task {i}")))
+            plays.append((label, seed + i, {"task": task}))
+    wanted = 1 if options and "task" in options else episodes
+    while len(plays) < wanted:
+        i = len(plays)
+        plays.append((f"reset(seed={seed + i})", seed + i, options))
+    return plays
+
+
+_SEARCHED_DIRS = ("/workspace", "/tmp", "/app", "/home", "/root")
+"""Where the leakage check looks for private values in an episode's sandbox before the first
+action: the workspace and the usual places a task puts files."""
+
+
+def _check_leakage(env: ToolEnv, seed: int, options: Mapping[str, Any] | None,
+                   episodes: int) -> str | None:
+    """The "leakage" check: no private value of a task reaches the policy side.
+
+    For each task the oracle check plays, the env plays it with every private value replaced
+    by a canary (:func:`~agentrl.env.leakage.canary_row`; an env whose setup cannot start on
+    such a row plays the real row, and its private strings of 8+ characters are looked for
+    instead). Looked through: the first observation, reset's ``info`` (its ``task``), the
+    task's public view (what ``agentrl serve-env`` and black-box agents get), the files in the
+    episode's sandbox before the first action (:data:`_SEARCHED_DIRS`), the null policy's
+    turn, and the answers to a call of every tool with the plainest arguments its schema
+    allows. The oracle's episode is not: a tool may rightly give a private value to a proper
+    request (a lookup tool serving the task's dictionary), which is the task, not a leak.
+
+    Returns:
+        Why the check did not run (the env declares no ``task_fields``), else ``None``.
+    """
+    fields = env.task_fields
+    if fields is None:
+        return ("the env declares no task_fields (agentrl.TaskFields), so nothing tells its "
+                "answers from its questions: its tasks are all private (info['task'] is empty); "
+                "declare which fields are public to have them checked")
+    for label, play_seed, play_options in _plays(env, "leakage", seed, options, episodes):
+        if play_options and "task" in play_options:
+            row = dict(play_options["task"])
+        else:
+            _reset_with_info(env, play_seed, play_options)
+            assert env.state is not None
+            row = dict(env.state.task)
+        leaks = _leaks_of(env, fields, row)
+        if leaks:
+            listed = "\n  ".join(str(leak) for leak in leaks[:10])
+            _fail("leakage", f"task {label}: private task fields reach the policy side:\n  {listed}\n"
+                  "Keep them out of make_prompt, the tools' outputs and the sandbox's files before "
+                  "grading, or, if the policy may see them, list them in task_fields' public")
+    return None
+
+
+def _leaks_of(env: ToolEnv, fields: Any, row: dict[str, Any]) -> list[Leak]:
+    """The leaks found playing ``row`` (see :func:`_check_leakage`)."""
+    played, needles = canary_row(fields, row)
+    try:
+        observation, info = env.reset(options={"task": played})
+    except Exception:  # noqa: BLE001 - its setup needs a private value: look for the values
+        played, needles = row, value_needles(fields, row)
+        observation, info = _reset_with_info(env, None, {"task": row})
+    if not needles:
+        return []
+    leaks = [*find_leaks(needles, observation, "the first observation"),
+             *find_leaks(needles, info, "reset's info"),
+             *find_leaks(needles, env.public_task(played), "the task's public view"),
+             *_sandbox_leaks(env, needles)]
+    # the null policy's turn, then one plain call of each tool (a careless model's first
+    # calls). The oracle's episode is not looked through: a tool may rightly answer a proper
+    # request with a private value (a lookup tool serves the task's dictionary).
+    try:
+        info = env.step(env.null_action(env.state.task, list(env.messages)))[4]
+    except Exception:  # noqa: BLE001 - a grader a canary breaks: the turn shows nothing
+        info = {}
+    leaks += find_leaks(needles, info, "the null policy's turn's info")
+    env.reset(options={"task": played})
+    for turn, call in enumerate(_probe_calls(env)[: env.max_turns], start=1):
+        action = {"role": "assistant", "content": "", "tool_calls": [call]}
+        try:
+            observation, _, terminated, truncated, info = env.step(action)
+        except Exception:  # noqa: BLE001 - a tool that breaks on plain arguments shows nothing
+            break
+        leaks += find_leaks(needles, [observation, info], f"the answer to {call['name']}() "
+                            f"with plain arguments (turn {turn})")
+        if terminated or truncated:
+            break
+    return list(dict.fromkeys(leaks))
+
+
+def _probe_calls(env: ToolEnv) -> list[dict[str, Any]]:
+    """One call per tool with the plainest arguments its schema allows (empty strings, zeros,
+    the first enum value), as a model's first careless call: what a tool tells anyone."""
+    plain = {"string": "", "integer": 0, "number": 0, "boolean": False, "array": [], "object": {}}
+    calls = []
+    for schema in env.toolbox.schemas:
+        fn = schema["function"]
+        properties = fn["parameters"].get("properties", {})
+        arguments = {}
+        for name in fn["parameters"].get("required", []):
+            spec = properties.get(name, {})
+            kind = spec.get("type")
+            arguments[name] = (spec["enum"][0] if spec.get("enum") else
+                               plain.get(kind if isinstance(kind, str) else "string", ""))
+        calls.append({"name": fn["name"], "arguments": arguments})
+    return calls
+
+
+def _sandbox_leaks(env: ToolEnv, needles: Mapping[str, str]) -> list[Leak]:
+    """The private values in files of the episode's sandbox (none without one)."""
+    sandbox = getattr(env, "sandbox", None)
+    if sandbox is None:
+        return []
+    wanted = [n for n in needles if n and "\n" not in n]  # grep -f reads one pattern per line
+    if not wanted:
+        return []
+    command = "grep -rIHoF -f - " + " ".join(_SEARCHED_DIRS) + " 2>/dev/null; true"
+    result = env._run_sync(sandbox.exec(command, stdin="\n".join(wanted) + "\n", timeout=60))
+    leaks = []
+    for line in result.stdout.splitlines():  # path:needle
+        for needle in wanted:
+            if line.endswith(":" + needle):
+                leaks.append(Leak(needles[needle], f"the sandbox's file {line[:-len(needle) - 1]} "
+                                  "before the first action"))
+    return leaks
+
+
+def _row_of(env: ToolEnv) -> dict[str, Any] | None:
+    """The whole task row of the episode just reset (the grader's, not ``info["task"]``)."""
+    return copy.deepcopy(dict(env.state.task)) if env.state is not None else None
 
 
 def _reset(env: ToolEnv, seed: int, options: Mapping[str, Any] | None) -> list[dict]:

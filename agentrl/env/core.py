@@ -27,7 +27,7 @@ from gymnasium.error import ResetNeeded
 
 from agentrl.env.messages import AssistantTurn, Message, MessageList, message_problem
 from agentrl.env.rewards import as_reward
-from agentrl.env.tasks import TaskFields
+from agentrl.env.tasks import TaskFields, public_view
 from agentrl.errors import (
     AgentRLError,
     MalformedArgumentsError,
@@ -150,7 +150,9 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
     calls. Errors in the environment's own code (hooks below, an injected value missing)
     propagate: those are bugs, not model behaviour.
 
-    **Info.** ``reset`` returns ``{"task" (a copy of the task row), "tools" (OpenAI-style
+    **Info.** ``reset`` returns ``{"task" (the task's public view, :meth:`public_task`: only
+    the fields the env's :attr:`task_fields` declares public; the grader's row is
+    ``self.state.task``), "tools" (OpenAI-style
     schemas; empty when :attr:`show_tool_schemas` is false: a compact prompt names the tools
     itself and the chat template lists none, while the tools still run), "max_turns",
     "turn"}``. ``step`` returns ``{"turn", "tool_calls" (names),
@@ -215,7 +217,9 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
     against them when the run starts (a row without them is skipped with its line and reason,
     a file without any usable row is refused) and ``--input-key`` / ``--label-key`` name the
     columns that fill the prompt and label fields. ``None``: rows are not checked ahead; one
-    :meth:`make_prompt` cannot read is skipped when the run reaches it."""
+    :meth:`make_prompt` cannot read is skipped when the run reaches it. Its ``public`` fields
+    are all the policy side ever sees of a row (:meth:`public_task`); without a declaration it
+    sees none."""
     env_id: str | None = None
     """The registry id this instance was made from (set by ``make_env``)."""
 
@@ -309,6 +313,14 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
                              f"{type(self).__name__}.compute_reward")
         finally:
             self.grading = False
+
+    def public_task(self, task: Mapping[str, Any]) -> dict[str, Any]:
+        """What the policy side may see of ``task``: its public fields (see
+        :class:`~agentrl.env.tasks.TaskFields`), as new objects. Every path that hands a task
+        to the side being graded uses it (``info["task"]``, ``agentrl serve-env``, black-box
+        agents, exported trajectories); the grader keeps the whole row. An env without
+        :attr:`task_fields` shows nothing: a field nobody classified is private."""
+        return public_view(self.task_fields, task)
 
     def task_set(self, split: str = "test", limit: int | None = None) -> list[dict[str, Any]]:
         """The env's fixed tasks of ``split`` (for evaluation and data sources), in a stable
@@ -409,7 +421,7 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
         self._done = False
         # Copies: what the caller keeps must not alias the env's task, schemas or transcript.
         info = {
-            "task": copy.deepcopy(task),
+            "task": self.public_task(task),
             "tools": copy.deepcopy(self.toolbox.schemas) if self.show_tool_schemas else [],
             "max_turns": self.max_turns,
             "turn": 0,

@@ -1,7 +1,10 @@
 """Black-box agents: episodes played by code agentrl did not write, through the gateway.
 
 ``--agent-function-path file.py:run`` names ``async def run(task, endpoint)``; ``--agent-command
-"CMD"`` names a program (a CLI agent). Either is called once per episode with its own gateway
+"CMD"`` names a program (a CLI agent). ``task`` (a command agent's stdin and task file) is the
+task's public view (``ToolEnv.public_task``: the fields the env's ``TaskFields`` declares
+public; ``{"prompt": ...}`` without an env): an agent never sees an answer, a fix or a hidden
+test, whatever it does with its task. Either is called once per episode with its own gateway
 session (:mod:`agentrl.gateway`): every model call the agent makes through the endpoint is
 recorded token for token, and the session's samples are what the episode trains on
 (``--gateway-segments``). Groups, ``--n-samples-per-prompt``, GRPO, dynamic sampling, eval sets
@@ -266,8 +269,9 @@ async def play_agent_episode(agent: BlackBoxAgent, episode: Any, gateway: Any, *
             return action_text(env, model(env, task_row, messages))
     session = gateway.open_session(episode.rid, sampling=sampling, client_sampling=evaluation,
                                    stopping=episode.ctx.stopping, respond=respond)
-    task = dict(env.state.task) if env is not None and env.state is not None else {
-        "prompt": sample.prompt, "label": sample.label, **sample.metadata.get("task", {})}
+    # the agent is the side being graded: it gets the task's public view, never the row
+    task = env.public_task(env.state.task) if env is not None and env.state is not None else {
+        "prompt": sample.prompt}
     endpoint = AgentEndpoint(gateway.base_url(session), session.key, gateway.model,
                              getattr(env, "sandbox", None), [dict(m) for m in episode.history],
                              list(episode.tools or []), asyncio.get_running_loop(), env)

@@ -361,7 +361,8 @@ class Episode:
             observation, info = await self.env.areset(seed=sample.metadata.get("seed"), options=options)
             self.history = [dict(m) for m in observation]
             self.tools = list(info["tools"]) or None
-            sample.metadata.setdefault("task_id", task_id_of(info["task"]))
+            assert self.env.state is not None
+            sample.metadata.setdefault("task_id", task_id_of(self.env.state.task))
         else:
             self.history = prompt_messages(sample.prompt)
         if not sample.prompt:

@@ -12,7 +12,9 @@ session. What an OpenEnv client sees:
   the open episode and gives back its sandbox.
 * **reset** (``seed``, ``split`` + ``index`` from the task API, or a ``task`` row) starts an
   episode: the observation holds the prompt as chat ``messages``, the tools' OpenAI-style
-  schemas (``tool_schemas``), the ``task`` row, ``turn`` and ``max_turns``.
+  schemas (``tool_schemas``), the ``task``'s public view (``ToolEnv.public_task``: the fields
+  the env's ``TaskFields`` declares public, never an answer, fix or hidden test), ``turn`` and
+  ``max_turns``.
 * **Tools** are MCP tools with their JSON schemas (``list_tools`` / ``tools/list``), plus
   :data:`FINAL_ANSWER_TOOL`, which plays an assistant turn without a tool call (how an agentrl
   episode ends with a text answer). A ``call_tool`` step is one assistant turn holding that one
@@ -24,7 +26,8 @@ session. What an OpenEnv client sees:
 * **reward / done**: ``reward`` is the env's score on the step that terminated, 0 elsewhere;
   ``done`` is terminated or truncated (the turn limit), which ``metadata`` tells apart.
 * **Task API** (``/{env}/splits``, ``tasks``, ``num_tasks``, ``task``, ``task_range``): the env's
-  ``task_set`` splits; a task is its row.
+  ``task_set`` splits; a task is its row's public view. ``reset`` with ``split`` and ``index``
+  plays the whole row, which stays in the server (the grader's side).
 
 What is isolated where: sandboxed envs run the model's commands in their sandboxes on the
 server's machine, as they do in training; the server process itself runs tools that are plain
@@ -88,7 +91,7 @@ class EpisodeObservation(Observation):
     messages: list[dict[str, Any]] = Field(default_factory=list, description="the prompt: chat messages")
     tool_schemas: list[dict[str, Any]] = Field(default_factory=list,
                                                description="the tools, as OpenAI-style function schemas")
-    task: dict[str, Any] | None = Field(default=None, description="the task row")
+    task: dict[str, Any] | None = Field(default=None, description="the task's public fields")
     turn: int = Field(default=0, description="assistant turns played")
     max_turns: int = Field(default=0, description="turns before the episode is truncated")
 
@@ -175,7 +178,7 @@ class ServedEnv(Environment):
         if task is None and split is not None:
             if index is None:
                 raise ValueError("reset: split needs an index (the task API gives both)")
-            task = self.get_task(split, index)
+            task = self._row(split, index)
         options = {"task": task} if task is not None else None
         messages, info = await self.env.areset(seed=seed, options=options)
         self._state = State(episode_id=episode_id or str(uuid.uuid4()), step_count=0)
@@ -259,19 +262,23 @@ class ServedEnv(Environment):
         return found
 
     def list_tasks(self, split: str) -> list[dict[str, Any]]:
-        return [copy.deepcopy(dict(row)) for row in self.env.task_set(split)]
+        return [self.env.public_task(row) for row in self.env.task_set(split)]
 
     def num_tasks(self, split: str) -> int:
         return len(self.env.task_set(split))
 
     def get_task(self, split: str, index: int) -> dict[str, Any]:
+        return self.env.public_task(self._row(split, index))
+
+    def get_task_range(self, split: str, start: int | None = None, stop: int | None = None) -> list[dict[str, Any]]:
+        return [self.env.public_task(row) for row in self.env.task_set(split)[start:stop]]
+
+    def _row(self, split: str, index: int) -> dict[str, Any]:
+        """Task ``index`` of ``split``, the whole row: for the env's grader, never sent."""
         tasks = self.env.task_set(split)
         if not 0 <= index < len(tasks):
             raise IndexError(index)
         return copy.deepcopy(dict(tasks[index]))
-
-    def get_task_range(self, split: str, start: int | None = None, stop: int | None = None) -> list[dict[str, Any]]:
-        return [copy.deepcopy(dict(row)) for row in self.env.task_set(split)[start:stop]]
 
 
 def build_app(config: ServeConfig, live: weakref.WeakSet[ServedEnv] | None = None) -> Any:

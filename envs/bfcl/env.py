@@ -129,7 +129,9 @@ class BfclEnv(ToolEnv):
                                 "parameters": {"type": "dict", "properties": {
                                     "base": {"type": "integer"}, "height": {"type": "integer"}},
                                     "required": ["base", "height"]}}],
-                 "ground_truth": [{"triangle_area": {"base": [10], "height": [5]}}]})
+                 "ground_truth": [{"triangle_area": {"base": [10], "height": [5]}}]},
+        public=("id", "split", "category", "messages", "functions"),
+        private=("ground_truth",))
 
     def __init__(self, *, categories: Sequence[str] = CATEGORIES, **kwargs: Any) -> None:
         categories = tuple(categories)

@@ -78,7 +78,9 @@ class CalcEnv(ToolEnv):
         {"question": "the arithmetic question, as the user asks it",
          "answer": "the integer answer"},
         prompt="question", label="answer",
-        example={"question": "What is 12 * 7?", "answer": 84, "expression": "12 * 7"})
+        example={"question": "What is 12 * 7?", "answer": 84, "expression": "12 * 7"},
+        public=("id", "split", "question"),
+        private=("answer", "expression"))
 
     def __init__(self, *, split: str = "train", compact: bool = False, **kwargs: Any) -> None:
         check_split(type(self), split, SPLITS)

@@ -124,7 +124,9 @@ class HarborEnv(SandboxedToolEnv):
     tools = (bash, editor, search, submit)
     default_max_turns = 30
     task_fields = TaskFields({"id": "the task's name (task.toml's task.name) among the tasks under path"},
-                             example={"id": "agentrl/debug-test-roman"})
+                             example={"id": "agentrl/debug-test-roman"},
+                             public=("id", "instruction"),
+                             private=("path",))  # the task folder holds tests/ and solution/
     local_sandboxes_only = (
         "harbor-v0 builds each task's image with this machine's Docker daemon, grades through "
         "the container's host directories (DockerSandbox.host_dir) and runs the tasks' stdio "

@@ -80,7 +80,9 @@ class HumanEvalEnv(SandboxedToolEnv):
         prompt="prompt",
         example={"prompt": "def add(a, b):\n    \"\"\"Return a + b.\"\"\"\n",
                  "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n",
-                 "entry_point": "add"})
+                 "entry_point": "add"},
+        public=("id", "task_id", "split", "prompt", "entry_point"),
+        private=("test", "canonical_solution"))
 
     def __init__(self, *, split: str = "test", test_timeout_s: float = 10.0, **kwargs: Any) -> None:
         check_split(type(self), split, SPLITS, reason=TRAIN_SPLIT_MESSAGE)

@@ -100,7 +100,9 @@ class MathPythonEnv(SandboxedToolEnv):
          "answer": "the expected final answer (text)",
          "generator": "the reasoning-gym generator whose scorer grades the answer, e.g. basic_arithmetic"},
         prompt="question", label="answer",
-        example={"question": "What is 17 + 25?", "answer": "42", "generator": "basic_arithmetic"})
+        example={"question": "What is 17 + 25?", "answer": "42", "generator": "basic_arithmetic"},
+        public=("id", "split", "question", "generator", "seed", "source_index"),
+        private=("answer", "metadata"))  # reasoning-gym's metadata holds the answer and its working
 
     def __init__(
         self,

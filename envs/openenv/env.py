@@ -149,6 +149,12 @@ class OpenEnvEnv(ToolEnv):
         return [{"id": row.get("id", f"{split}-{i}") if isinstance(row, dict) else f"{split}-{i}",
                  "split": split, "index": i, "task": row} for i, row in enumerate(rows)]
 
+    def public_task(self, task: Mapping[str, Any]) -> dict[str, Any]:
+        """The row's place in the server's task API (``id``, ``split``, ``index``, or ``seed``):
+        the server's own row (``task``) stays out, as this side cannot tell which of a foreign
+        server's fields are its answers (agentrl's ``serve-env`` sends public fields only)."""
+        return {k: copy.deepcopy(task[k]) for k in ("id", "split", "index", "seed") if k in task}
+
     # -- episodes ------------------------------------------------------------------------------
 
     async def setup_episode(self, task: Mapping[str, Any]) -> None:

@@ -120,7 +120,10 @@ class SweToolsEnv(SandboxedToolEnv):
                  "visible_tests": "tests/test_visible.py",
                  "hidden_tests": {"tests/test_hidden.py": "from mod import double\n\n"
                                   "def test_double():\n    assert double(2) == 4\n"},
-                 "test_ids": ["tests/test_hidden.py::test_double"]})
+                 "test_ids": ["tests/test_hidden.py::test_double"]},
+        public=("id", "split", "module", "files", "problem_statement", "visible_tests"),
+        # the mutation, its difficulty record and the failing hidden tests all point at the fix
+        private=("fix", "hidden_tests", "test_ids", "failing_tests", "mutation", "difficulty"))
     default_limits = Limits(timeout_s=120, memory_mb=2048, cpu_s=300)
 
     def __init__(

@@ -127,7 +127,12 @@ class SweBenchEnv(SandboxedToolEnv):
          "test_patch": "the tests added with the fix (a diff)",
          "FAIL_TO_PASS": "the tests the fix makes pass", "PASS_TO_PASS": "the tests that must keep passing",
          "image": "the instance's Docker image"},
-        prompt="problem_statement")
+        prompt="problem_statement",
+        public=("instance_id", "id", "split", "repo", "version", "base_commit", "problem_statement",
+                "image", "created_at"),
+        # the failing and passing test lists name the tests the fix is graded by; the hints are
+        # SWE-bench's optional help, off as in its default setting
+        private=("patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS", "hints_text"))
     default_limits = Limits(timeout_s=300, memory_mb=4096, cpu_s=1800, pids=512,
                             workspace_mb=4096, file_size_mb=512)
 

@@ -188,6 +188,41 @@ def test_a_cli_agent_runs_unmodified_from_agent_command():
     assert metrics["success_rate"] == 1.0 and sample.metadata["gateway_calls"] == 2
 
 
+def test_agents_get_the_tasks_public_view_only(tmp_path):
+    """The side being graded never sees the grader's row: a function agent's ``task``, a
+    command agent's stdin and ``$AGENTRL_TASK_FILE`` hold calc's public fields (no answer, no
+    expression), and the episodes still score 1 (the env grades with the whole row)."""
+    from agentrl.env import make_env
+    from tests.support.leakage import assert_public_only
+
+    seen = tmp_path / "function.jsonl"
+    agent = tmp_path / "recording_agent.py"
+    agent.write_text(f"import json, sys\nsys.path.insert(0, {str(EXAMPLES)!r})\n"
+                     "from openai_sdk_agent import run as solve\n\n"
+                     "async def run(task, endpoint):\n"
+                     f"    with open({str(seen)!r}, 'a') as out:\n"
+                     "        out.write(json.dumps(task) + '\\n')\n"
+                     "    return await solve(task, endpoint)\n")
+    metrics, samples = _evaluate("calc", f"{agent}:run", calc_moves)
+    assert metrics["success_rate"] == 1.0, [s.metadata.get("error") for s in samples]
+
+    command = (f"tee {tmp_path}/stdin.json | {sys.executable} {EXAMPLES}/cli_agent.py && "
+               f'cp "$AGENTRL_TASK_FILE" {tmp_path}/file.json')
+    metrics, sample = _evaluate_command(command)
+    assert metrics["success_rate"] == 1.0, sample.metadata.get("error")
+
+    env = make_env("calc")
+    rows = {row["id"]: row for row in env.task_set("test", limit=4)}
+    given = [json.loads(line) for line in seen.read_text().splitlines()]
+    given += [json.loads((tmp_path / name).read_text()) for name in ("stdin.json", "file.json")]
+    assert len(given) == 4
+    for task in given:
+        row = rows[task["id"]]
+        assert task == env.public_task(row) == {"id": row["id"], "split": "test", "question": row["question"]}
+        assert_public_only(env, row, task, "an agent's task")
+    env.close()
+
+
 def test_a_failing_command_fails_its_sample_with_its_stderr():
     _, sample = _evaluate_command("echo broken agent >&2; exit 3")
     assert sample.status is Status.FAILED and "exit code 3" in sample.metadata["error"]

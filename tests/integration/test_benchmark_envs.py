@@ -66,7 +66,7 @@ async def _play_all(
                 terminated = truncated = False
                 reward, turns, errors = 0.0, 0, {}
                 while not (terminated or truncated):
-                    action = policy(env, info["task"], env.messages)
+                    action = policy(env, env.state.task, env.messages)
                     _, reward, terminated, truncated, step_info = await env.astep(action)
                     turns += 1
                     for kind, n in step_info["episode_tool_errors"].items():

@@ -57,8 +57,8 @@ def _call(name: str, **arguments: Any) -> dict[str, Any]:
 
 def test_calc_answers_that_hedge_or_cut_a_number_short_score_nothing() -> None:
     env = CalcEnv()
-    _, info = env.reset(seed=1)
-    task = info["task"]
+    env.reset(seed=1)
+    task = dict(env.state.task)
     n = int(task["answer"])
 
     def reward(*actions: Any) -> float:

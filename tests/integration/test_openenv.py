@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http.server
+import json
 import os
 import shutil
 import signal
@@ -13,6 +14,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -21,7 +23,9 @@ from aiohttp import web
 
 from agentrl.env import make_env
 from agentrl.errors import EnvServerError, EnvServerLost
+from agentrl_envs.openenv.client import describe_server
 from tests.support.distributed import free_port
+from tests.support.leakage import assert_public_only
 from tests.support.openenv_servers import DRIVER, OPENENV_PYTHON, drive, openenv_missing, serve_env
 from tests.support.sandboxes import backend_skip_reason
 
@@ -72,13 +76,34 @@ SERVED = [
 @pytest.mark.parametrize(("env_id", "kwargs", "count"), SERVED)
 def test_openenvs_client_plays_served_envs_with_the_direct_rewards(env_id, kwargs, count):
     """openenv's MCPToolClient: list tools, reset on the task API's tasks, one call_tool per
-    turn (final_answer for a text answer); rewards and terminations equal the direct env's."""
+    turn (final_answer for a text answer); rewards and terminations equal the direct env's.
+    No private field of a task reaches the client: not in an observation, not in the task API."""
     expected = direct_rewards(env_id, count, **kwargs)
+    direct = make_env(env_id, **kwargs)
+    rows = direct.task_set("test", limit=count)
     with serve_env(env_id) as (url, _):
         episodes = drive(url, env_id, "oracle", "test", str(count), env_kwargs=kwargs, timeout=900)
+        name = describe_server(url).env_name
+        served = {f"/{path}": _post(url, f"/{name}/{path}", body)
+                  for path, body in (("task_range", {"split": "test", "start": 0, "stop": count}),
+                                     ("task", {"split": "test", "index": 0}))}
     assert [e["reward"] for e in episodes] == expected
     assert all(e["done"] and e["terminated"] for e in episodes)
     assert sum(expected) == count  # the oracle solves them: the rewards are not all zero by accident
+    for episode, row in zip(episodes, rows, strict=True):
+        assert episode["seen"][0]["task"] == direct.public_task(row)
+        assert_public_only(direct, row, episode["seen"], f"episode {episode['index']}'s observations")
+    assert served["/task_range"]["tasks"] == [direct.public_task(row) for row in rows]
+    for row in rows:
+        assert_public_only(direct, row, served, "the task API")
+    direct.close()
+
+
+def _post(url: str, path: str, body: dict) -> dict:
+    request = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return json.load(answer)
 
 
 def test_a_served_env_consumed_back_gives_the_direct_rewards_episode_by_episode():
@@ -91,13 +116,15 @@ def test_a_served_env_consumed_back_gives_the_direct_rewards_episode_by_episode(
 
         async def run():
             rows = remote.task_set("test", limit=12)
-            assert [r["task"] for r in rows] == direct.task_set("test", limit=12)
+            graded = direct.task_set("test", limit=12)  # the whole rows stay in the server
+            assert [r["task"] for r in rows] == [direct.public_task(t) for t in graded]
             rewards = []
-            for row in rows:
+            for row, task in zip(rows, graded, strict=True):
                 observation, info = await remote.areset(options={"task": row})
-                prompt, _ = await direct.areset(options={"task": row["task"]})
+                prompt, _ = await direct.areset(options={"task": task})
                 assert observation == prompt and info["max_turns"] == direct.max_turns
-                rewards.append((await play(remote, direct, row, row["task"]))[0])
+                assert info["task"] == {"id": task["id"], "split": "test", "index": row["index"]}
+                rewards.append((await play(remote, direct, row, task))[0])
             await remote.aclose()
             return rewards
 

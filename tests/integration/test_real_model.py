@@ -58,7 +58,7 @@ def calc_conversation(seed: int) -> tuple[list[dict], list[dict]]:
     obs, info = env.reset(seed=seed)
     history = list(obs)
     while True:
-        action = env.oracle_action(info["task"], history)
+        action = env.oracle_action(env.state.task, history)
         history.append(action if isinstance(action, dict) else {"role": "assistant", "content": action})
         obs, _, terminated, truncated, _ = env.step(action)
         if terminated or truncated:

@@ -2,7 +2,9 @@
 
     openenv_driver.py URL ENV_ID ENV_KWARGS_JSON oracle SPLIT COUNT
         plays the direct env's scripted oracle through openenv's MCPToolClient on the first
-        COUNT tasks of SPLIT; prints one JSON line per episode: index, reward, done, terminated
+        COUNT tasks of SPLIT (the oracle reads the direct env's rows: the server sends public
+        fields only); prints one JSON line per episode: index, reward, done, terminated, and
+        seen (every observation the client received, as JSON)
     openenv_driver.py URL ENV_ID ENV_KWARGS_JSON hold SPLIT
         opens a session, resets on task 0, plays one oracle turn, prints {"ready": true} and
         waits to be killed (a client that disappears mid-episode)
@@ -56,16 +58,24 @@ def oracle_action(direct, task, history):
     return message, CallToolAction(tool_name="final_answer", arguments={"content": message["content"]})
 
 
+def grader_row(direct, split, index):
+    """The whole task row, which only the direct env has: the server sends its public view."""
+    return direct.task_set(split, limit=index + 1)[index]
+
+
 async def play(client, direct, split, index):
+    """One oracle episode; returns its last step and every observation the client received."""
     result = await client.reset(split=split, index=index)
-    task, history = result.observation.task, list(result.observation.messages)
+    task, history = grader_row(direct, split, index), list(result.observation.messages)
+    seen = [result.observation.model_dump(mode="json")]
     while True:
         message, action = oracle_action(direct, task, history)
         history.append(message)
         step = await client.step(action)
+        seen.append(step.observation.model_dump(mode="json"))
         history.extend(step.observation.metadata.get("messages", []))
         if step.done:
-            return step
+            return step, seen
 
 
 async def main() -> None:
@@ -75,12 +85,13 @@ async def main() -> None:
         if mode == "oracle":
             split, count = sys.argv[5], int(sys.argv[6])
             for index in range(count):
-                step = await play(client, direct, split, index)
+                step, seen = await play(client, direct, split, index)
                 print(json.dumps({"index": index, "reward": step.reward, "done": step.done,
-                                  "terminated": step.observation.metadata.get("terminated")}), flush=True)
+                                  "terminated": step.observation.metadata.get("terminated"),
+                                  "seen": seen}), flush=True)
         elif mode == "hold":
             result = await client.reset(split=sys.argv[5], index=0)
-            task, history = result.observation.task, list(result.observation.messages)
+            task, history = grader_row(direct, sys.argv[5], 0), list(result.observation.messages)
             _, action = oracle_action(direct, task, history)
             await client.step(action)
             print(json.dumps({"ready": True}), flush=True)

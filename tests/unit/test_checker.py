@@ -38,10 +38,12 @@ class GoodEnv(ToolEnv):
 
 
 def test_good_env_passes_and_says_which_checks_it_skipped():
-    # GoodEnv has no scripted oracle: that check did not run, and check_env says so
-    [skipped] = check_env(GoodEnv())
-    assert skipped.startswith("oracle: the env has no scripted oracle")
-    assert check_env(GoodEnv(), oracle_episodes=0) == ["oracle: not asked for (oracle_episodes=0)"]
+    # GoodEnv has no scripted oracle and declares no task fields: those checks did not run,
+    # and check_env says so
+    oracle, leakage = check_env(GoodEnv())
+    assert oracle.startswith("oracle: the env has no scripted oracle")
+    assert leakage.startswith("leakage: the env declares no task_fields")
+    assert check_env(GoodEnv(), oracle_episodes=0)[0] == "oracle: not asked for (oracle_episodes=0)"
 
 
 NEEDS_USER_DATA = {

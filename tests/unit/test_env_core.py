@@ -11,7 +11,7 @@ import pytest
 from gymnasium.error import ResetNeeded
 from gymnasium.utils.env_checker import data_equivalence
 
-from agentrl import EpisodeState, ToolEnv, tool
+from agentrl import EpisodeState, TaskFields, ToolEnv, tool
 from agentrl.env import StepTimings, as_reward
 from agentrl.errors import RewardError
 from agentrl.tools import ToolCall
@@ -67,14 +67,15 @@ def test_reset_returns_task_messages_and_schemas():
     assert [m["role"] for m in obs] == ["system", "user"]
     assert info["tools"] == [add.schema, submit.schema]
     assert info["max_turns"] == 3 and info["turn"] == 0
-    assert obs[1]["content"] == f"Say {info['task']['target']}"
+    assert obs[1]["content"] == f"Say {env.state.task['target']}"
+    assert info["task"] == {}  # EchoEnv declares no task fields: all of a row is private
     assert env.observation_space.contains(obs)
 
 
 def test_task_from_options():
     env = EchoEnv()
     obs, info = env.reset(options={"task": {"target": 7}})
-    assert obs[1]["content"] == "Say 7" and info["task"] == {"target": 7}
+    assert obs[1]["content"] == "Say 7" and env.state.task == {"target": 7}
 
 
 def test_tool_call_returns_tool_message_and_continues():
@@ -111,7 +112,10 @@ def test_identical_seeded_steps_return_equal_data():
 
 
 def test_returned_data_is_never_shared_with_the_env():
-    env = EchoEnv()
+    class Public(EchoEnv):
+        task_fields = TaskFields({"target": "the number"}, public=("target", "meta"))
+
+    env = Public()
     task = {"target": 5, "meta": {"source": "hand"}}
     obs_1, info_1 = env.reset(options={"task": task})
     obs_2, info_2 = env.reset(options={"task": task})
@@ -231,7 +235,7 @@ def test_many_episodes_concurrently_through_async_api():
         env = EchoEnv()
         obs, info = await env.areset(seed=seed)
         await env.astep(call("add", a=1, b=1))
-        _, reward, terminated, _, _ = await env.astep(str(info["task"]["target"]))
+        _, reward, terminated, _, _ = await env.astep(str(env.state.task["target"]))
         await env.aclose()
         return reward, terminated
 
