@@ -191,6 +191,7 @@ def test_an_episodes_token_view_shows_exactly_its_tokens_with_the_masked_ones_ma
     assert page.locator("#conversation .bubble.tool").count() >= 1  # the calculator's answer
     assert page.locator("#turns tr").count() == len(sample["turns"]) + 1
     assert "expected" in page.locator("#grade").inner_text()  # calc's grade: the answer it wanted
+    assert "private fields" in page.locator("#grade-note").inner_text()  # marked as the grader's
     page.screenshot(path=str(shots / "episode.png"), full_page=True)
 
 

@@ -61,3 +61,31 @@ def test_check_env_unknown_split_is_a_clear_error(capsys):
     assert "CalcEnv has no task split 'dev'; available splits: 'train', 'test'" in (
         capsys.readouterr().err
     )
+
+
+def test_list_envs_verbose_shows_the_public_and_the_private_fields(capsys):
+    assert main(["list-envs", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    calc = out[out.index("calc-v0"):]
+    assert "  public (the policy may see): id, split, question" in calc
+    assert "  private (the grader only): answer, expression; and any other column of a row" in calc
+    swe = out[out.index("swe-tools-v0"):]
+    assert "private (the grader only): fix, hidden_tests, test_ids, failing_tests" in swe
+    assert main(["list-envs", "--json"]) == 0
+    rows = {row["id"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows["calc-v0"]["task_fields"]["public"] == ["id", "split", "question"]
+
+
+def test_check_env_fails_loudly_on_an_env_that_shows_its_answer(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    (tmp_path / "cli_leaky_envs.py").write_text(
+        "import agentrl\n"
+        "from agentrl_envs.calc.env import CalcEnv\n\n\n"
+        "class Leaky(CalcEnv):\n"
+        "    def make_prompt(self, task):\n"
+        "        return [*super().make_prompt(task), {'role': 'user', 'content': f\"(it is {task['answer']})\"}]\n\n\n"
+        "agentrl.register_env('cli-leaky-v0', entry_point=Leaky)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["check-env", "cli_leaky_envs:cli-leaky"]) == 1
+    err = capsys.readouterr().err
+    assert "'leakage' failed" in err and "answer in the first observation[2]['content']" in err

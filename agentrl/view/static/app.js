@@ -386,7 +386,10 @@ async function episodePage(where) {
   if (e.turns.length) main.append(h("h2", {}, "Turns"), turnTable(e.turns));
   main.append(h("h2", {}, "Grader"), e.grade === null || e.grade === undefined
     ? h("p", {class: "muted", id: "grade"}, "the env recorded no grade for this episode")
-    : h("pre", {class: "grade", id: "grade"}, JSON.stringify(e.grade, null, 2)));
+    : h("div", {}, h("p", {class: "muted", id: "grade-note"},
+        "the grader's findings, after the episode: they may hold the task's private fields " +
+        "(answers, hidden tests), which the policy never saw"),
+      h("pre", {class: "grade", id: "grade"}, JSON.stringify(e.grade, null, 2))));
   main.append(h("h2", {}, "Sandbox commands"), commandTable(e.commands));
 }
 
