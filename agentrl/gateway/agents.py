@@ -22,12 +22,15 @@ Episode outcomes: the agent returned (``completed``, finish ``agent``); it ran p
 ``--agent-timeout`` (``truncated``, finish ``agent_timeout``); it raised, exited non-zero, or
 made no model call (``failed``, with the reason in ``metadata["error"]``).
 
-A command agent runs as a host process under the sandbox machinery's limits and reaping
-(:class:`~agentrl.sandbox.local.ProcessSandbox`: address space, CPU time, file size, a cleared
-environment, a wall-clock timeout; at the end its process group and every process still holding
-its output are killed). It is NOT isolated: it runs as your user (it needs your Python and your
-files), sees the host's files and network (it must reach the gateway on loopback), and a
-process that leaves both its session and its output pipes behind is not found.
+A command agent runs sandboxed (:class:`~agentrl.sandbox.bwrap.BwrapSandbox`): your uid (so
+that it can run this Python) with no capabilities, a fresh workspace at ``/workspace`` as its
+working directory, a private ``/tmp``, ``/usr``, this Python
+installation and the folders of the files its command names visible read-only, nothing else of
+the host (not your home, not the current directory), and the host's network, since it must
+reach the gateway on loopback; limits and reaping as for any sandbox. With
+``--agent-on-host`` it runs on the host instead (:class:`~agentrl.sandbox.local.ProcessSandbox`:
+the same limits and reaping, but as your user, in the current directory, seeing every file your
+user can).
 """
 
 from __future__ import annotations
@@ -37,7 +40,11 @@ import asyncio
 import dataclasses
 import inspect
 import json
+import logging
 import os
+import re
+import shlex
+import shutil
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -48,12 +55,15 @@ from agentrl.gateway.server import Gateway
 from agentrl.plugins import load_plugin
 from agentrl.rollout.episode import Policy, action_text
 from agentrl.rollout.sample import Sample, Status
-from agentrl.sandbox.base import Limits
+from agentrl.sandbox.base import WORKSPACE, Limits
+from agentrl.sandbox.bwrap import BwrapSandbox
 from agentrl.sandbox.local import ProcessSandbox
 from agentrl.tools.calls import ToolCall
 
 __all__ = ["AgentEndpoint", "AgentError", "AgentPlayer", "BlackBoxAgent", "CommandAgent",
            "CommandLimits", "FunctionAgent", "load_agent", "play_agent_episode"]
+
+log = logging.getLogger(__name__)
 
 _FUNCTION_FLAG = "--agent-function-path"
 _COMMAND_FLAG = "--agent-command"
@@ -163,36 +173,68 @@ class CommandAgent(BlackBoxAgent):
     """A program run per episode (``--agent-command``), unmodified.
 
     It gets ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``, ``OPENAI_MODEL`` (and ``OPENAI_API_BASE``,
-    which litellm reads), the task as JSON on stdin and in the file ``$AGENTRL_TASK_FILE``, and
-    the run's ``PATH`` with this Python first. It runs in the current directory, as the current
-    user, under :class:`CommandLimits` and ``timeout_s``; when it ends (or times out) its
-    process group and every process holding its output are killed. Exit status 0 is success; its score comes from the env (or
-    ``--custom-rm-path``), or from a last stdout line ``{"reward": ...}`` when it prints one.
+    which litellm reads), the task's public view as JSON on stdin and in the file
+    ``$AGENTRL_TASK_FILE``, and the run's ``PATH`` with this Python first. By default it runs
+    sandboxed (see the module: its own workspace as working directory; a relative path in the
+    command to a file of the current directory is rewritten to the file, made visible
+    read-only); ``on_host`` runs it in the current directory as the current user. Either way
+    :class:`CommandLimits` and ``timeout_s`` hold, and when it ends (or times out) its process
+    group and every process holding its output are killed. Exit status 0 is success; its
+    score comes from the env (or ``--custom-rm-path``), or from a last stdout line
+    ``{"reward": ...}`` when it prints one.
+
+    Raises:
+        AgentError: Sandboxed, but bubblewrap is not installed (the message names
+            ``--agent-on-host``). A file of the current directory named in the command is a
+            warning: the sandbox does not show it.
     """
 
     grace_s = 15.0
 
-    def __init__(self, command: str, timeout_s: float, limits: CommandLimits | None = None) -> None:
+    def __init__(self, command: str, timeout_s: float, limits: CommandLimits | None = None, *,
+                 on_host: bool = False) -> None:
         self.command = command
         self.name = command
         self.timeout_s = timeout_s
         self.limits = limits or CommandLimits()
+        self.on_host = on_host
+        if on_host:
+            return
+        if shutil.which("bwrap") is None:
+            raise AgentError(f"{_COMMAND_FLAG} runs the agent in a bubblewrap sandbox, and `bwrap` "
+                             "is not installed: `apt-get install bubblewrap` (scripts/setup-system.sh "
+                             "does), or pass --agent-on-host to run it as your user in the current "
+                             "directory, where it can read every file you can")
+        for word in sandboxed_command(command, os.getcwd())[2]:
+            log.warning("%s names %s, a file in the current directory, which the sandboxed agent "
+                        "does not see (it would see the whole directory): put the agent in a folder "
+                        "of its own (e.g. agents/), install it, or pass --agent-on-host",
+                        _COMMAND_FLAG, word)
 
     async def run(self, task: Mapping[str, Any], endpoint: AgentEndpoint) -> Any:
-
         limits = Limits(timeout_s=self.timeout_s, memory_mb=self.limits.memory_mb,
                         cpu_s=int(self.timeout_s) + 1, pids=self.limits.pids,
-                        output_bytes=self.limits.output_bytes, file_size_mb=1024)
+                        output_bytes=self.limits.output_bytes, file_size_mb=1024,
+                        workspace_mb=1024)
         payload = json.dumps(dict(task), ensure_ascii=False, default=str)
-        async with ProcessSandbox(limits, tag="agent-", own_uid=False) as box:
+        path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+        env = {"OPENAI_BASE_URL": endpoint.base_url, "OPENAI_API_BASE": endpoint.base_url,
+               "OPENAI_API_KEY": endpoint.api_key, "OPENAI_MODEL": endpoint.model, "PATH": path}
+        if self.on_host:
+            box: ProcessSandbox | BwrapSandbox = ProcessSandbox(limits, tag="agent-", own_uid=False)
+            command, cwd = self.command, os.getcwd()
+        else:
+            command, binds, _ = sandboxed_command(self.command, os.getcwd())
+            # the caller's uid: this Python may live under a home only its owner can enter
+            box = BwrapSandbox(limits, tag="agent-", ro_binds=[*python_dirs(), *binds], network=True,
+                               own_uid=False)
+            cwd = WORKSPACE
+        async with box:
             await box.write_file("task.json", payload)
             assert box.workspace is not None
-            path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-            env = {"OPENAI_BASE_URL": endpoint.base_url, "OPENAI_API_BASE": endpoint.base_url,
-                   "OPENAI_API_KEY": endpoint.api_key, "OPENAI_MODEL": endpoint.model,
-                   "AGENTRL_TASK_FILE": os.path.join(box.workspace, "task.json"), "PATH": path}
-            result = await box.exec(self.command, stdin=payload, env=env, cwd=os.getcwd(),
-                                    timeout=self.timeout_s)
+            env["AGENTRL_TASK_FILE"] = os.path.join(box.workspace if self.on_host else WORKSPACE,
+                                                    "task.json")
+            result = await box.exec(command, stdin=payload, env=env, cwd=cwd, timeout=self.timeout_s)
         if result.timed_out:
             raise TimeoutError(f"{_COMMAND_FLAG}: still running after {self.timeout_s:.0f} s "
                                "(--agent-timeout); its processes were killed")
@@ -211,12 +253,70 @@ class CommandAgent(BlackBoxAgent):
         return None
 
 
-def load_agent(function_path: str | None, command: str | None, timeout_s: float) -> BlackBoxAgent | None:
-    """The run's black-box agent (``None`` when neither flag is given)."""
+def python_dirs() -> list[str]:
+    """The folders this Python runs from (the virtual environment, the installation it was
+    made from), which a sandboxed command agent sees read-only to run Python programs."""
+    dirs = {os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix),
+            os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
+    return sorted(d for d in dirs if os.path.isdir(d) and d != "/")
+
+
+_INTERPRETERS = re.compile(r"(python[0-9.]*|bash|sh|node|perl|ruby)")
+"""Programs whose next word is the file they run (``python agents/agent.py``)."""
+
+
+def sandboxed_command(command: str, cwd: str) -> tuple[str, list[str], list[str]]:
+    """``command`` made to run in a sandbox whose working directory is its own workspace.
+
+    The files the command runs (the first word of each command in it, or the first word after
+    an interpreter and its options: ``python -u agents/agent.py``) become visible read-only, their folders bound,
+    and a relative one is rewritten to the absolute path. Other words stay as they are. A
+    program directly in ``cwd`` (or in one of its parents) stays hidden: showing its folder
+    would show the whole current directory.
+
+    Returns:
+        The command to run, the folders to bind read-only, and the words naming hidden files.
+    """
+    words = shlex.shlex(command, posix=True, punctuation_chars=True)
+    words.whitespace_split = True
+    binds: list[str] = []
+    hidden: list[str] = []
+    try:
+        tokens = list(words)
+    except ValueError:  # unbalanced quotes: sh will say so
+        return command, binds, hidden
+    here = os.path.realpath(cwd)
+    programs, after_interpreter = [], False
+    for i, token in enumerate(tokens):
+        starts = i == 0 or set(tokens[i - 1]) <= set("|&;()")
+        if starts or (after_interpreter and not token.startswith("-")):
+            programs.append(token)
+        # an interpreter's options come before its file: python3 -u agents/agent.py
+        after_interpreter = (bool(_INTERPRETERS.fullmatch(os.path.basename(token)))
+                             or (after_interpreter and token.startswith("-")))
+    for token in dict.fromkeys(programs):
+        target = os.path.realpath(os.path.join(cwd, token))
+        if not os.path.isfile(target):
+            continue
+        folder = os.path.dirname(target)
+        if here == folder or here.startswith(folder.rstrip("/") + "/"):
+            hidden.append(token)
+            continue
+        if folder not in binds:
+            binds.append(folder)
+        if not os.path.isabs(token):
+            command = re.sub(rf"(?<![\w./-]){re.escape(token)}(?![\w./-])", target, command)
+    return command, binds, hidden
+
+
+def load_agent(function_path: str | None, command: str | None, timeout_s: float, *,
+               on_host: bool = False) -> BlackBoxAgent | None:
+    """The run's black-box agent (``None`` when neither flag is given); ``on_host``:
+    ``--agent-on-host``."""
     if function_path:
         return FunctionAgent(function_path)
     if command:
-        return CommandAgent(command, timeout_s)
+        return CommandAgent(command, timeout_s, on_host=on_host)
     return None
 
 

@@ -50,7 +50,8 @@ def make_rollout_context(config: RolloutConfig, engine: Engine, envs: EnvFactory
                           "tokens cannot hold: lower it or pass --rollout-max-context-len")
     agents = None
     if config.has_agent:  # a black-box agent plays every episode, through a gateway
-        agent = load_agent(config.agent_function_path, config.agent_command, config.agent_timeout)
+        agent = load_agent(config.agent_function_path, config.agent_command, config.agent_timeout,
+                           on_host=config.agent_on_host)
         assert agent is not None
         agents = AgentPlayer(agent, config, engine, renderer, limit, model=agent_model)
     return RolloutContext(config, engine, renderer, sampling_from_config(config, renderer), limit,

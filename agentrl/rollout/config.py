@@ -171,6 +171,10 @@ class RolloutConfig:
     agent_command: str | None = option(None, "a program playing each episode through the "
                                        "gateway (OPENAI_BASE_URL, OPENAI_API_KEY, OPENAI_MODEL "
                                        "set; the task as JSON on stdin)")
+    agent_on_host: bool = option(False, "run --agent-command on the host, as your user, in the "
+                                 "current directory: it can read every file you can (the run's "
+                                 "data, checkpoints, keys) and reach any network; by default it "
+                                 "runs in a bubblewrap sandbox with its own workspace")
     agent_timeout: float = option(600.0, "seconds a black-box agent may take per episode")
     gateway_segments: str = option("last", "what a black-box agent's episode trains on when it "
                                    "rewrote its history: last (the segment that ended it) or all "
@@ -223,6 +227,9 @@ class RolloutConfig:
         if len(plays) > 1:
             raise ConfigError(f"{flag(plays[0])} and {flag(plays[1])} both say who plays the "
                               "episodes: keep one")
+        if self.agent_on_host and not self.agent_command:
+            raise ConfigError("--agent-on-host says where --agent-command runs, and no "
+                              "--agent-command is given: drop it or add the command")
         if self.agent_timeout <= 0:
             raise ConfigError(f"--agent-timeout must be > 0, got {self.agent_timeout}")
         if self.gateway_segments not in ("last", "all"):

@@ -38,13 +38,17 @@ class BwrapSandbox(LocalSandbox):
     """Bubblewrap namespaces, entered per command.
 
     Guarantees:
-        * No network: a private network namespace with only ``lo`` (connects fail).
+        * No network: a private network namespace with only ``lo`` (connects fail), unless
+          built with ``network=True`` (a command agent that must reach the gateway on the
+          host's loopback): then the host's network, everything else as below.
         * Private PID namespace: sandboxed code sees only its own processes. A timeout kills the
           command's process group and every process holding its output pipes (``setsid``
           grandchildren included); closing kills the whole namespace.
         * No capabilities and no-new-privs, and as root an unprivileged uid of its own: no
           remount or chown escapes, root-owned host files are neither writable nor, when
-          private, readable.
+          private, readable. With ``own_uid=False`` (a command agent, which must read a Python
+          installation under a private home) it keeps the caller's uid: the read-only mounts
+          and the private filesystem still hold, the per-uid process limit does not.
         * Filesystem: read-only root; ``/usr`` and a short allow-list of ``/etc`` files
           read-only; private ``/tmp`` (size-capped tmpfs) and ``/dev``; the workspace
           read-write at ``/workspace``; the directories of the ``ro_binds`` option read-only at
@@ -62,7 +66,8 @@ class BwrapSandbox(LocalSandbox):
 
     backend = "bwrap"
 
-    def __init__(self, limits: Limits | None = None, *, tag: str = "", ro_binds: Sequence[str] = ()) -> None:
+    def __init__(self, limits: Limits | None = None, *, tag: str = "", ro_binds: Sequence[str] = (),
+                 network: bool = False, own_uid: bool = True) -> None:
         for tool in ("bwrap", "nsenter", "prlimit", "setpriv"):
             if shutil.which(tool) is None:
                 raise SandboxUnavailableError(
@@ -70,7 +75,8 @@ class BwrapSandbox(LocalSandbox):
                     "(Debian/Ubuntu), or choose another backend: `--env-kwarg sandbox=docker`, or "
                     "`--env-kwarg sandbox=process` for trusted code only"
                 )
-        super().__init__(limits, tag=tag, ro_binds=ro_binds)
+        super().__init__(limits, tag=tag, ro_binds=ro_binds, own_uid=own_uid)
+        self.network = network
         self._holder: asyncio.subprocess.Process | None = None
         self._holder_stderr: IO[bytes] | None = None
         self._ns_pid: int | None = None
@@ -131,7 +137,8 @@ class BwrapSandbox(LocalSandbox):
     def _bwrap_args(self) -> list[str]:
         assert self.workspace is not None
         args = [
-            "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "bwrap", "--unshare-all", *(["--share-net"] if self.network else []),
+            "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--hostname", "sandbox",
             "--ro-bind", "/usr", "/usr",
             "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin",
@@ -167,7 +174,8 @@ class BwrapSandbox(LocalSandbox):
         # nsenter resolves --wd=PATH on the host, so enter at the holder's cwd (/workspace) and
         # change directory inside when another one is asked for.
         enter = [
-            "nsenter", "-t", str(self._ns_pid), *_NAMESPACES, "--root", "--wd",
+            "nsenter", "-t", str(self._ns_pid),
+            *(ns for ns in _NAMESPACES if not (self.network and ns == "--net")), "--root", "--wd",
             "-S", str(self.uid), "-G", str(self.gid), "--", "setpriv", "--no-new-privs", "--",
         ]
         if cwd != WORKSPACE:

@@ -165,9 +165,9 @@ def answer_moves(env, task, answered: int) -> str:
     return f"Answer: {task['answer']}"
 
 
-def _evaluate_command(command: str, timeout: float = 120.0):
+def _evaluate_command(command: str, timeout: float = 120.0, *, on_host: bool = False):
     config = RolloutConfig(env="calc", agent_command=command, eval_max_prompts=1,
-                           agent_timeout=timeout, rollout_max_context_len=4096)
+                           agent_timeout=timeout, rollout_max_context_len=4096, agent_on_host=on_host)
     envs = env_factory(config)
 
     async def play():
@@ -208,7 +208,7 @@ def test_agents_get_the_tasks_public_view_only(tmp_path):
 
     command = (f"tee {tmp_path}/stdin.json | {sys.executable} {EXAMPLES}/cli_agent.py && "
                f'cp "$AGENTRL_TASK_FILE" {tmp_path}/file.json')
-    metrics, sample = _evaluate_command(command)
+    metrics, sample = _evaluate_command(command, on_host=True)  # where the test can read them
     assert metrics["success_rate"] == 1.0, sample.metadata.get("error")
 
     env = make_env("calc")
@@ -223,6 +223,34 @@ def test_agents_get_the_tasks_public_view_only(tmp_path):
     env.close()
 
 
+def test_a_command_agent_runs_sandboxed_seeing_nothing_of_the_host(tmp_path, monkeypatch, caplog):
+    """By default the agent program runs in a bubblewrap sandbox: its own workspace as working
+    directory, the host's current directory, home and other files invisible, the host's files
+    unwritable; it still reaches the gateway and solves the task. A relative path to the
+    agent's file is rewritten; a file directly in the current directory stays hidden (a
+    warning says so at start, the episode fails with the program's error)."""
+    here = tmp_path / "project"
+    (here / "agents").mkdir(parents=True)
+    (here / "secret.txt").write_text("the user's file")
+    (here / "agents" / "cli_agent.py").write_text((EXAMPLES / "cli_agent.py").read_text())
+    monkeypatch.chdir(here)
+    probe = (f"test \"$(pwd)\" = /workspace && test ! -e {here}/secret.txt && "
+             "test ! -e /root/.bashrc && test -s \"$AGENTRL_TASK_FILE\" && "
+             f"{{ touch {here}/written 2>/dev/null; true; }} && ")  # if it lands, not on the host
+    metrics, sample = _evaluate_command(probe + "python agents/cli_agent.py")
+    assert sample.status is Status.COMPLETED, sample.metadata.get("error")
+    assert metrics["success_rate"] == 1.0 and sample.metadata["gateway_calls"] == 2
+    assert not (here / "written").exists()
+    (here / "agent.py").write_text("print('in the current directory')\n")
+    with caplog.at_level("WARNING", logger="agentrl.gateway.agents"):
+        _, sample = _evaluate_command("python agent.py")
+    assert "names agent.py, a file in the current directory" in caplog.text
+    assert sample.status is Status.FAILED and "agent.py" in sample.metadata["error"]
+    # on the host the same checks fail: it runs in the current directory
+    _, sample = _evaluate_command(probe + "python agents/cli_agent.py", on_host=True)
+    assert sample.status is Status.FAILED
+
+
 def test_a_failing_command_fails_its_sample_with_its_stderr():
     _, sample = _evaluate_command("echo broken agent >&2; exit 3")
     assert sample.status is Status.FAILED and "exit code 3" in sample.metadata["error"]
@@ -233,7 +261,7 @@ def test_a_command_past_its_timeout_is_killed_with_everything_it_started(tmp_pat
     marker = tmp_path / "still-running"
     command = f"(sleep 4; touch {marker}) & sleep 30"
     started = time.monotonic()
-    _, sample = _evaluate_command(command, timeout=1.0)
+    _, sample = _evaluate_command(command, timeout=1.0, on_host=True)  # on the host: it could touch
     assert time.monotonic() - started < 20
     assert sample.status is Status.FAILED and "--agent-timeout 1 s" in sample.metadata["error"]
     time.sleep(4.5)
