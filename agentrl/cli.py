@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from agentrl.config import FlagParser, parse_pairs, unknown_flags_message
-from agentrl.env import TaskFields, check_env, env_spec, import_env_module, list_envs
+from agentrl.env import CHECKS, TaskFields, check_env, env_spec, import_env_module, list_envs
 from agentrl.errors import AgentRLError, RunInterrupted
 from agentrl.eval.command import EvalConfig, add_eval_arguments, run_eval
 from agentrl.models.defaults import EmbeddedDefault, apply_embedded_default
@@ -60,6 +60,9 @@ def _cmd_check_env(args: argparse.Namespace) -> int:
         tools += f", {count} from MCP servers: {servers}"
     what = "all checks passed" if not skipped else f"every check that ran passed ({len(skipped)} skipped)"
     print(f"{spec.id}: {what} ({tools}, max_turns={env.max_turns})")
+    names = [name for name in CHECKS if name != "mcp servers" or env.mcp_servers]
+    ran = [name for name in names if not any(reason.startswith(f"{name}:") for reason in skipped)]
+    print(f"  passed: {', '.join(ran)}")
     for reason in skipped:
         print(f"  skipped: {reason}")
     return 0

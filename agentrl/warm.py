@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import FlagParser, parse_pairs
-from agentrl.env import make_env
+from agentrl.env import make_env, task_set_of
 from agentrl.errors import AgentRLError, ConfigError
 from agentrl.eval.command import EvalConfig, evaluate
 from agentrl.rollout.config import RolloutConfig
@@ -81,7 +81,7 @@ def _tool_schemas(env: str, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
     """The schemas the env shows the model at reset (none for a compact prompt)."""
     made = make_env(env, **kwargs)
     try:
-        task = made.task_set("train", 1)[0]
+        task = task_set_of(made, "train", 1)[0]
         _, info = made.reset(options={"task": task})
         return list(info["tools"])
     finally:

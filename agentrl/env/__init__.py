@@ -5,7 +5,15 @@ Imports neither Ray, Megatron nor SGLang.
 """
 
 from agentrl.env.checker import CHECKS, check_env
-from agentrl.env.core import Action, EpisodeState, StepTimings, ToolEnv, check_split
+from agentrl.env.core import (
+    Action,
+    EpisodeState,
+    StepTimings,
+    ToolEnv,
+    check_split,
+    splits_of,
+    task_set_of,
+)
 from agentrl.env.factory import EnvFactory, EnvInfo
 from agentrl.env.messages import AssistantTurn, Message, MessageList, message_problem
 from agentrl.env.registry import (
@@ -38,6 +46,8 @@ __all__ = [
     "as_reward",
     "check_env",
     "check_split",
+    "splits_of",
+    "task_set_of",
     "env_spec",
     "import_env_module",
     "list_envs",

@@ -15,11 +15,17 @@ from typing import Any
 
 from jsonschema.exceptions import SchemaError
 
-from agentrl.env.core import ToolEnv
+from agentrl.env.core import ToolEnv, task_set_of
 from agentrl.env.leakage import Leak, canary_row, find_leaks, value_needles
 from agentrl.env.messages import message_problem
 from agentrl.env.rewards import SUCCESS_REWARD
-from agentrl.errors import AgentRLError, EnvCheckError, ToolErrorKind
+from agentrl.errors import (
+    AgentRLError,
+    EnvCheckError,
+    NoTaskSetError,
+    ToolErrorKind,
+    UnknownSplitError,
+)
 from agentrl.tools.calls import TOOL_NAME_PATTERN, ToolCall
 from agentrl.tools.tool import schema_validator
 
@@ -35,6 +41,7 @@ CHECKS = (
     "malformed call",
     "bad arguments",
     "truncation",
+    "unknown split",
     "oracle",
     "leakage",
     "close",
@@ -62,7 +69,8 @@ def check_env(
     (no tool calls) terminates with a float reward; stepping a finished episode raises
     ``ResetNeeded``; an unknown tool, a malformed call and arguments that are not an object each
     come back as an error tool message counted in ``info`` without ending the episode;
-    ``max_turns`` tool turns truncate; when the env has a scripted oracle (its
+    ``max_turns`` tool turns truncate; an unknown split is refused with
+    :class:`~agentrl.errors.UnknownSplitError` (an env with a task set); when the env has a scripted oracle (its
     ``oracle_action`` does not raise :class:`~agentrl.errors.AgentRLError`), playing it on
     ``oracle_episodes`` tasks (the first of ``task_set("test")``, else seeds; a fixed task in
     ``options`` once) succeeds on at least 95% of them; no private value of a task (a field
@@ -167,6 +175,10 @@ def _check_contract(env: ToolEnv, seed: int, options: Mapping[str, Any] | None,
                   f"{env.max_turns}; it must be true exactly at turn max_turns")
         if reward != 0.0:
             _fail("truncation", f"non-final turns must give reward 0.0, got {reward!r}")
+
+    skip = _check_unknown_split(env)
+    if skip:
+        skipped.append(f"unknown split: {skip}")
 
     if oracle_episodes <= 0:
         skipped.append("oracle: not asked for (oracle_episodes=0)")
@@ -288,6 +300,27 @@ def _check_oracle(
     return True
 
 
+_NO_SUCH_SPLIT = "agentrl-check-no-such-split"
+
+
+def _check_unknown_split(env: ToolEnv) -> str | None:
+    """The "unknown split" check: asking for a split the env lacks is an
+    :class:`~agentrl.errors.UnknownSplitError` (a ``KeyError`` naming the split counts: the
+    callers turn it into one). Returns why it did not apply (no task set), else ``None``."""
+    try:
+        rows = task_set_of(env, _NO_SUCH_SPLIT, 1)
+    except NoTaskSetError:
+        return "the env has no task set (its task_set raises NoTaskSetError)"
+    except UnknownSplitError:
+        return None
+    except Exception as exc:  # noqa: BLE001 - reported as the failed check
+        _fail("unknown split", f"task_set({_NO_SUCH_SPLIT!r}) raised {type(exc).__name__}: {exc}; "
+              "call agentrl.env.check_split(self, split, SPLITS) first in task_set")
+    _fail("unknown split", f"task_set({_NO_SUCH_SPLIT!r}) returned {len(rows)} task(s) instead of "
+          "refusing the split; call agentrl.env.check_split(self, split, SPLITS) first in task_set")
+    return None
+
+
 def _plays(env: ToolEnv, check: str, seed: int, options: Mapping[str, Any] | None,
            episodes: int) -> list[tuple[str, int, Mapping[str, Any] | None]]:
     """The episodes a check plays: (label, seed, reset options). The first ``episodes`` tasks
@@ -296,7 +329,7 @@ def _plays(env: ToolEnv, check: str, seed: int, options: Mapping[str, Any] | Non
     plays: list[tuple[str, int, Mapping[str, Any] | None]] = []
     if not options:
         try:
-            tasks = env.task_set("test", limit=episodes)
+            tasks = task_set_of(env, "test", episodes)
         except AgentRLError:  # no fixed task set (or no test split): play seeds instead
             tasks = []
         except Exception as exc:  # noqa: BLE001 - reported as the failed check

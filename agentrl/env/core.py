@@ -90,6 +90,56 @@ def check_split(env: object, split: str, available: Sequence[str], *, reason: st
         raise UnknownSplitError(f"{message}. {reason}" if reason else message, tuple(available))
 
 
+PROBED_SPLITS = ("train", "validation", "test")
+"""Split names tried when an env does not say which splits it has."""
+
+
+def task_set_of(env: ToolEnv, split: str, limit: int | None = None) -> list[dict[str, Any]]:
+    """``env.task_set(split, limit)``, where an unknown split is always
+    :class:`~agentrl.errors.UnknownSplitError`.
+
+    Every caller that asks an env for a split goes through here (the data source, evaluation,
+    ``agentrl serve-env``, ``check_env``), so an env that looks its split up in a dict
+    (``SPLITS[split]``, whose ``KeyError`` names the split) fails with the same message as one
+    that calls :func:`check_split`: the split, and the splits it does have.
+
+    Raises:
+        UnknownSplitError: ``split`` is not one of the env's splits.
+        NoTaskSetError: The env has no task set.
+    """
+    try:
+        return env.task_set(split, limit)
+    except KeyError as exc:
+        if exc.args != (split,):
+            raise  # a KeyError about something else is the env's bug
+        available = splits_of(env, exclude=split)
+    name = type(env).__name__
+    listed = ", ".join(repr(s) for s in available) or "(none found)"
+    raise UnknownSplitError(f"{name} has no task split {split!r}; available splits: {listed}", available)
+
+
+def splits_of(env: ToolEnv, exclude: str | None = None) -> tuple[str, ...]:
+    """The env's task splits: those its :class:`~agentrl.errors.UnknownSplitError` lists, else
+    those of :data:`PROBED_SPLITS` it answers (empty for an env without a task set)."""
+    try:
+        env.task_set("\0", 1)  # no env has this split: the standard error lists the real ones
+    except UnknownSplitError as exc:
+        if exc.available:
+            return tuple(exc.available)
+    except Exception:  # noqa: BLE001 - a KeyError, or any other refusal: probe instead
+        pass
+    found = []
+    for split in PROBED_SPLITS:
+        if split == exclude:
+            continue
+        try:
+            env.task_set(split, 1)
+        except Exception:  # noqa: BLE001 - not one of its splits (or no task set at all)
+            continue
+        found.append(split)
+    return tuple(found)
+
+
 class EpisodeState(Injected):
     """Per-episode state that tools can receive by annotating a parameter with this type.
 

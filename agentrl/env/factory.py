@@ -30,7 +30,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from agentrl.env.core import ToolEnv
+from agentrl.env.core import ToolEnv, task_set_of
 from agentrl.env.registry import env_spec
 from agentrl.errors import NoTaskSetError
 from agentrl.sandbox import SandboxPools
@@ -163,7 +163,7 @@ class EnvFactory:
         """
         probe = self()
         try:
-            return list(probe.task_set(split, limit))
+            return list(task_set_of(probe, split, limit))
         except NoTaskSetError:
             return None
         finally:

@@ -60,8 +60,9 @@ from openenv.core.env_server.mcp_types import (
 from openenv.core.env_server.types import ConcurrencyConfig, Observation, State
 from pydantic import Field
 
+from agentrl.env.core import splits_of, task_set_of
 from agentrl.env.registry import env_spec
-from agentrl.errors import ConfigError, NoTaskSetError, UnknownSplitError
+from agentrl.errors import ConfigError
 
 __all__ = ["FINAL_ANSWER_TOOL", "EpisodeObservation", "ServeConfig", "ServedEnv", "build_app", "is_loopback",
            "serve"]
@@ -69,9 +70,6 @@ __all__ = ["FINAL_ANSWER_TOOL", "EpisodeObservation", "ServeConfig", "ServedEnv"
 FINAL_ANSWER_TOOL = "final_answer"
 """The tool an OpenEnv client calls to play an assistant turn without a tool call: its
 ``content`` is the turn's text (an agentrl episode ends with such a turn and is graded on it)."""
-
-_PROBED_SPLITS = ("train", "validation", "test")
-"""Split names tried when an env's ``task_set`` does not say which it has."""
 
 _ERROR_TYPES = {
     "parse_error": ToolErrorType.INVALID_ARGS,
@@ -245,37 +243,23 @@ class ServedEnv(Environment):
     # -- task API ------------------------------------------------------------------------------
 
     def list_splits(self) -> list[str]:
-        try:
-            self.env.task_set("\0", limit=1)  # no env has this split: the error lists the real ones
-        except UnknownSplitError as exc:
-            if exc.available:
-                return list(exc.available)
-        except NoTaskSetError:
-            return []
-        found = []
-        for split in _PROBED_SPLITS:
-            try:
-                self.env.task_set(split, limit=1)
-            except (UnknownSplitError, NoTaskSetError):
-                continue
-            found.append(split)
-        return found
+        return list(splits_of(self.env))
 
     def list_tasks(self, split: str) -> list[dict[str, Any]]:
-        return [self.env.public_task(row) for row in self.env.task_set(split)]
+        return [self.env.public_task(row) for row in task_set_of(self.env, split)]
 
     def num_tasks(self, split: str) -> int:
-        return len(self.env.task_set(split))
+        return len(task_set_of(self.env, split))
 
     def get_task(self, split: str, index: int) -> dict[str, Any]:
         return self.env.public_task(self._row(split, index))
 
     def get_task_range(self, split: str, start: int | None = None, stop: int | None = None) -> list[dict[str, Any]]:
-        return [self.env.public_task(row) for row in self.env.task_set(split)[start:stop]]
+        return [self.env.public_task(row) for row in task_set_of(self.env, split)[start:stop]]
 
     def _row(self, split: str, index: int) -> dict[str, Any]:
         """Task ``index`` of ``split``, the whole row: for the env's grader, never sent."""
-        tasks = self.env.task_set(split)
+        tasks = task_set_of(self.env, split)
         if not 0 <= index < len(tasks):
             raise IndexError(index)
         return copy.deepcopy(dict(tasks[index]))

@@ -40,10 +40,11 @@ class GoodEnv(ToolEnv):
 def test_good_env_passes_and_says_which_checks_it_skipped():
     # GoodEnv has no scripted oracle and declares no task fields: those checks did not run,
     # and check_env says so
-    oracle, leakage = check_env(GoodEnv())
+    split, oracle, leakage = check_env(GoodEnv())
+    assert split.startswith("unknown split: the env has no task set")
     assert oracle.startswith("oracle: the env has no scripted oracle")
     assert leakage.startswith("leakage: the env declares no task_fields")
-    assert check_env(GoodEnv(), oracle_episodes=0)[0] == "oracle: not asked for (oracle_episodes=0)"
+    assert check_env(GoodEnv(), oracle_episodes=0)[1] == "oracle: not asked for (oracle_episodes=0)"
 
 
 NEEDS_USER_DATA = {
@@ -97,7 +98,7 @@ class AnswerEnv(GoodEnv):
         return 1.0 if final["content"] == f"n={task['n']}" else 0.0
 
     def task_set(self, split="test", limit=None):
-        return [{"id": f"t{i}", "n": 100 + i} for i in range(limit or 10)]
+        return {"test": [{"id": f"t{i}", "n": 100 + i} for i in range(limit or 10)]}[split]
 
     def oracle_action(self, task, history):
         self.played.append(task.get("id"))
@@ -150,6 +151,16 @@ class TupleResetEnv(GoodEnv):
         return obs
 
 
+class AnySplitEnv(AnswerEnv):
+    def task_set(self, split="test", limit=None):
+        return [{"id": f"t{i}", "n": 100 + i} for i in range(limit or 10)]
+
+
+class BrokenSplitEnv(AnswerEnv):
+    def task_set(self, split="test", limit=None):
+        return [[]][["test"].index(split) if split == "test" else 1]
+
+
 @pytest.mark.parametrize(
     ("env_cls", "check", "detail"),
     [
@@ -164,6 +175,8 @@ class TupleResetEnv(GoodEnv):
         (CloseTwiceFailsEnv, "close", "not idempotent"),
         (NoDescriptionToolEnv, "tool schemas", "no description"),
         (TupleResetEnv, "reset", "must return (observation, info)"),
+        (AnySplitEnv, "unknown split", "returned 1 task(s) instead of refusing the split"),
+        (BrokenSplitEnv, "unknown split", "raised IndexError"),
     ],
 )
 def test_broken_env_fails_naming_the_problem(env_cls, check, detail):
@@ -193,3 +206,13 @@ def test_not_a_tool_env():
 def test_invalid_schema_is_caught_before_the_env_exists():
     with pytest.raises(ToolDefinitionError, match="invalid JSON schema"):
         tool(lambda x: x, name="broken", parameters={"type": "object", "required": "x"})
+
+
+def test_a_dict_lookup_of_the_split_is_an_unknown_split_error_listing_the_splits():
+    from agentrl.env import splits_of, task_set_of
+    from agentrl.errors import UnknownSplitError
+
+    env = AnswerEnv()
+    assert splits_of(env) == ("test",)
+    with pytest.raises(UnknownSplitError, match="AnswerEnv has no task split 'dev'; available splits: 'test'"):
+        task_set_of(env, "dev")

@@ -89,3 +89,61 @@ def test_check_env_fails_loudly_on_an_env_that_shows_its_answer(tmp_path, monkey
     assert main(["check-env", "cli_leaky_envs:cli-leaky"]) == 1
     err = capsys.readouterr().err
     assert "'leakage' failed" in err and "answer in the first observation[2]['content']" in err
+
+
+def test_check_env_says_which_checks_ran_and_which_it_skipped(tmp_path, monkeypatch, capsys):
+    assert main(["check-env", "calc"]) == 0
+    out = capsys.readouterr().out
+    assert "calc-v0: all checks passed" in out
+    assert "  passed: type, tool schemas, reset, determinism, final answer," in out
+    assert "unknown split, oracle, leakage, close" in out
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    (tmp_path / "cli_shout_checked.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["check-env", "cli_shout_checked:cli-shout"]) == 0
+    out = capsys.readouterr().out
+    assert "every check that ran passed (4 skipped)" in out
+    assert "  skipped: unknown split: the env has no task set" in out
+    assert "  skipped: leakage: the env declares no task_fields" in out
+    assert "leakage" not in out.split("  passed: ")[1].splitlines()[0]
+
+
+DICT_SPLITS_MODULE = '''
+import agentrl
+
+SPLITS = {"train": [{"word": "a"}], "test": [{"word": "b"}]}
+
+
+class LookupEnv(agentrl.ToolEnv):
+    """The README's idiom: the split looked up in a dict."""
+
+    def task_set(self, split="test", limit=None):
+        return SPLITS[split][:limit]
+
+    def sample_task(self):
+        return SPLITS["train"][0]
+
+    def make_prompt(self, task):
+        return [{"role": "user", "content": task["word"]}]
+
+    def compute_reward(self, task, final, state):
+        return final["content"] == task["word"]
+
+    def oracle_action(self, task, history):
+        return task["word"]
+
+
+agentrl.register_env("cli-lookup-v0", entry_point=LookupEnv)
+'''
+
+
+def test_an_unknown_split_of_a_dict_lookup_env_is_one_clear_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    (tmp_path / "cli_lookup_envs.py").write_text(DICT_SPLITS_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["eval", "--env", "cli_lookup_envs:cli-lookup", "--split", "bogus"]) == 1
+    err = capsys.readouterr().err
+    assert "LookupEnv has no task split 'bogus'; available splits: 'train', 'test'" in err
+    assert "Traceback" not in err
+    assert main(["check-env", "cli_lookup_envs:cli-lookup"]) == 0  # the KeyError counts as a refusal
+    assert "unknown split" in capsys.readouterr().out.split("  passed: ")[1]

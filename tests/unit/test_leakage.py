@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from agentrl import EpisodeState, TaskFields, ToolEnv, check_env, tool
+from agentrl.env import check_split
 from agentrl.env.leakage import canary_row, find_leaks, value_needles
 from agentrl.errors import EnvCheckError
 
@@ -38,6 +39,7 @@ class QuizEnv(ToolEnv):
     task_fields = FIELDS
 
     def task_set(self, split="test", limit=None):
+        check_split(self, split, ("test",))
         return [{"id": f"q{i}", "question": f"What is 2 * {20 + i}?", "answer": 40 + 2 * i,
                  "steps": f"double {20 + i}"} for i in range(3)][:limit]
 
