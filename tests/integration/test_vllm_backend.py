@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 
 import pytest
 import torch
@@ -213,15 +214,23 @@ def halved_model(directory):
     return directory
 
 
-async def wait_running(engine: VLLMEngine, url: str, count: int) -> None:
-    """Until the server runs ``count`` requests (its ``vllm:num_requests_running`` gauge)."""
-    while True:
+async def wait_running(engine: VLLMEngine, url: str, flights: list[asyncio.Task], timeout: float = 120.0) -> None:
+    """Until the server runs every request of ``flights`` (its ``vllm:num_requests_running``
+    gauge). Fails, never waits on, when one of them ended first or ``timeout`` passes (the
+    test is about requests in flight: a machine that finishes them before the gauge shows
+    them cannot run it)."""
+    deadline = time.monotonic() + timeout
+    running = 0.0
+    while time.monotonic() < deadline:
         metrics = await engine._request("GET", f"{url}/metrics")
         running = sum(float(line.rsplit(" ", 1)[1]) for line in str(metrics).splitlines()
                       if line.startswith("vllm:num_requests_running"))
-        if running >= count:
+        if running >= len(flights):
             return
+        done = [t for t in flights if t.done()]
+        assert not done, f"{len(done)} of the requests ended before the server showed them running"
         await asyncio.sleep(0.05)
+    raise AssertionError(f"the server ran {running:g} of {len(flights)} requests after {timeout:g} s")
 
 
 def logprob_difference(a: GenerateOutput, b: GenerateOutput) -> float:
@@ -247,7 +256,7 @@ def test_a_weight_update_with_requests_in_flight_serves_the_new_weights(server, 
     async def in_flight(engine: VLLMEngine, tag: str) -> list[asyncio.Task[GenerateOutput]]:
         flights = [asyncio.create_task(engine.generate([7 + i] * 40, long, rid=f"{tag}{i}-t0"))
                    for i in range(3)]
-        await wait_running(engine, server, len(flights))
+        await wait_running(engine, server, flights)
         return flights
 
     async def scenario() -> None:
