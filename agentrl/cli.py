@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import sys
+import textwrap
 from collections.abc import Sequence
 
 from agentrl.config import FlagParser, parse_pairs, unknown_flags_message
@@ -23,6 +25,7 @@ def _cmd_list_envs(args: argparse.Namespace) -> int:
         import_env_module(module, context="from --module")
     rows = [("id", "description", "tools", "max turns")]
     fields: dict[str, TaskFields | None] = {}
+    problems: dict[str, str] = {}
     for spec in list_envs():
         try:
             env = spec.make()
@@ -32,21 +35,46 @@ def _cmd_list_envs(args: argparse.Namespace) -> int:
             fields[spec.id] = env.task_fields
             env.close()
         except Exception as exc:  # noqa: BLE001 - one broken env must not hide the others
-            tools, turns = f"(cannot build: {type(exc).__name__}: {exc})", "?"
+            problems[spec.id] = f"{type(exc).__name__}: {exc}"
+            tools, turns = f"(needs arguments: {type(exc).__name__})", "?"
         rows.append((spec.id, spec.describe(), tools, turns))
     if args.json:
         print(json.dumps([{**dict(zip(rows[0], r, strict=True)),
-                           "task_fields": dataclasses.asdict(fields[r[0]]) if fields.get(r[0]) else None}
+                           "task_fields": dataclasses.asdict(fields[r[0]]) if fields.get(r[0]) else None,
+                           **({"error": problems[r[0]]} if r[0] in problems else {})}
                           for r in rows[1:]], indent=2))
         return 0
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths, strict=True)) + "  " + row[3])
-        if args.verbose and row is not rows[0]:
-            task = fields.get(row[0])
-            print("\n".join(["  a row of --prompt-data needs:", *task.describe()]) if task is not None
-                  else "  rows: not declared (the env's make_prompt reads them)")
+    width = shutil.get_terminal_size((100, 24)).columns
+    for line in _table([(r[0], r[3], r[2], r[1]) for r in rows], width):
+        print(line)
+        name = line.split(" ", 1)[0]
+        if not args.verbose or (name not in fields and name not in problems):
+            continue
+        task = fields.get(name)
+        details = ([f"  cannot build it without arguments: {problems[name]}"] if name in problems else [])
+        details += (["  a row of --prompt-data needs:", *task.describe()] if task is not None
+                    else ["  rows: not declared (the env's make_prompt reads them)"])
+        for detail in details:
+            print(textwrap.fill(detail, width=max(40, width), subsequent_indent="      "))
+    if problems and not args.verbose:
+        print(f"({len(problems)} env(s) need constructor arguments to be built: --verbose says why)")
     return 0
+
+
+def _table(rows: list[tuple[str, ...]], width: int) -> list[str]:
+    """``rows`` (the first is the header) as columns that fit ``width`` characters: every
+    column but the last at its natural width (tools at most 40), the last cut to what is left
+    (at least 20 characters), a cut cell ending in "..."."""
+    natural = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    widths = [*natural[:-1], 0]
+    widths[-2] = min(widths[-2], 40)
+    widths[-1] = max(20, width - sum(widths[:-1]) - 2 * (len(widths) - 1))
+
+    def cut(cell: str, size: int) -> str:
+        return cell if len(cell) <= size else cell[: max(0, size - 3)] + "..."
+
+    return ["  ".join(cut(cell, w).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+            for row in rows]
 
 
 def _cmd_check_env(args: argparse.Namespace) -> int:

@@ -41,6 +41,10 @@ class TimeEnv(agentrl.ToolEnv):
                                 lifetime="run", timeout=30),
     )
     default_max_turns = 3
+    task_fields = agentrl.TaskFields(
+        {"source": "the timezone the time is given in", "time": "HH:MM there",
+         "target": "the timezone asked about", "answer": "HH:MM in the target timezone"},
+        public=("id", "source", "time", "target"), private=("answer",))
 
     def sample_task(self) -> dict[str, Any]:
         return dict(TASKS[int(self.np_random.integers(len(TASKS)))])

@@ -60,7 +60,7 @@ USER_MODULE = textwrap.dedent(
 
 
 def _agentrl(args, cwd, extra_path):
-    env = {**os.environ, "PYTHONPATH": str(extra_path)}
+    env = {**os.environ, "PYTHONPATH": str(extra_path), "COLUMNS": "100"}  # a terminal of 100
     return subprocess.run(
         [sys.executable, "-m", "agentrl", *args], cwd=cwd, env=env, capture_output=True,
         text=True, timeout=120,
@@ -71,9 +71,11 @@ def test_check_env_on_user_module_outside_repo(tmp_path):
     (tmp_path / "my_module.py").write_text(USER_MODULE)
     result = _agentrl(["check-env", "my_module:glossary"], tmp_path, tmp_path)
     assert result.returncode == 0, result.stderr
-    # it has no scripted oracle: the output says that check was skipped, not "all passed"
-    assert "glossary-v0: every check that ran passed (1 skipped)" in result.stdout
+    # it has no scripted oracle, no task set and no task fields: the output says those checks
+    # were skipped, not "all passed"
+    assert "glossary-v0: every check that ran passed (3 skipped)" in result.stdout
     assert "skipped: oracle: the env has no scripted oracle" in result.stdout
+    assert "skipped: leakage: the env declares no task_fields" in result.stdout
 
 
 def test_check_env_reports_broken_env(tmp_path):
@@ -91,8 +93,17 @@ def test_unknown_env_suggests(tmp_path):
 def test_list_envs_table_and_json(tmp_path):
     table = _agentrl(["list-envs"], tmp_path, tmp_path)
     assert table.returncode == 0
-    assert table.stdout.splitlines()[0].split() == ["id", "description", "tools", "max", "turns"]
-    assert any(line.startswith("calc-v0") and "calculator" in line for line in table.stdout.splitlines())
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == ["id", "max", "turns", "tools", "description"]
+    assert any(line.startswith("calc-v0") and "calculator" in line for line in lines)
+    # it fits the terminal (a pipe: 100 columns, or $COLUMNS) and an env that needs arguments
+    # says so in a few words, the reason under --verbose
+    assert max(len(line) for line in lines) <= 100
+    assert any(line.startswith("openenv-v0") and "(needs arguments: EnvServerLost)" in line for line in lines)
+    assert "Connection refused" not in table.stdout
+    verbose = _agentrl(["list-envs", "--verbose"], tmp_path, tmp_path).stdout
+    assert max(len(line) for line in verbose.splitlines()) <= 100
+    assert "cannot build it without arguments: EnvServerLost" in verbose
     rows = json.loads(_agentrl(["list-envs", "--json"], tmp_path, tmp_path).stdout)
     calc = next(r for r in rows if r["id"] == "calc-v0")
     assert calc["tools"] == "calculator" and calc["max turns"] == "4"
