@@ -28,6 +28,7 @@ from agentrl.orchestration.checkpoints import (
     PIPELINE_FILE,
     export_hf,
     latest_checkpoint,
+    nothing_left,
     publish_checkpoint,
     read_pipeline_state,
     resume_advice,
@@ -51,6 +52,9 @@ async def main(argv: list[str]) -> None:
     rollout, trainer, run = args.rollout, args.trainer, args.run
     if args.embedded is not None:  # its env settings and flag defaults differ from the env's own: say so
         print(args.embedded.announcement(rollout.env_kwargs), flush=True)
+    if (done := nothing_left(trainer.load, run.num_rollout)) is not None:
+        print(f"train.py: {done}")  # before Ray, the model or the data are touched
+        return
     save_root = trainer.save or f"{run.output_dir}/checkpoints"
     where = ["start-up"]  # what the run is doing, for the message if a signal stops it
     # Everything opened below is closed in reverse order on the way out: at the end, on an
@@ -143,6 +147,7 @@ async def main(argv: list[str]) -> None:
             if run.eval_interval:
                 where[0] = "the final evaluation"
                 log.eval(run.num_rollout, await run_evaluation(ctx, run.num_rollout, evals))
+    log.finish()
     change = log.change()
     if change is not None:
         print(change)

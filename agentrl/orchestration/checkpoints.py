@@ -207,7 +207,25 @@ def resume_advice(root: str | Path, argv: Sequence[str], prog: str = "train.py")
         elif not arg.startswith("--load="):
             rest.append(arg)
     command = shlex.join(["python", prog, *rest, "--load", str(root)])
-    return f"newest complete checkpoint: {folder}; continue with: {command}"
+    return (f"newest complete checkpoint: {folder}; continue with: {command} (--num-rollout is "
+            "the total: raise it to train beyond this run's end)")
+
+
+def nothing_left(load: str | Path | None, num_rollout: int) -> str | None:
+    """What to say when ``--load`` names a checkpoint already at ``--num-rollout`` (the run
+    would start Ray, load the model and train nothing); ``None`` when there is work left (or
+    no ``--load``). Read from the checkpoint folder's name (``rollout_<next>``), so nothing
+    heavy is loaded."""
+    if not load:
+        return None
+    folder = latest_checkpoint(load, report=None)
+    found = re.fullmatch(r"rollout_(\d+)", folder.name)
+    if found is None or int(found.group(1)) < num_rollout:
+        return None
+    done = int(found.group(1))
+    return (f"nothing to do: {folder} is the checkpoint after rollout {done - 1}, and --num-rollout "
+            f"{num_rollout} is the total: pass --num-rollout {done + 1} or more to train on from it "
+            "(nothing was trained or exported)")
 
 
 def _candidates(root: Path) -> list[Path]:

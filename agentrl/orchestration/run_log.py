@@ -73,6 +73,7 @@ class RunLog:
         self.progress = progress
         self.stage_seconds: dict[str, float] = {}
         self.flat_rollouts = 0
+        self.rollouts_logged = 0  # by this launch
         self.elapsed_before = 0.0  # seconds the run ran before this process (restored on --load)
         self.root = Path(output_dir)
         # the folders this run makes (the run's, and parents such as runs/): taken back if it
@@ -139,14 +140,9 @@ class RunLog:
             self.progress.trained(rollout_id)
         self.flat_rollouts = self._flat_rollouts_after(values)
         values = {**values, "run/flat_rollouts_in_a_row": self.flat_rollouts}
+        self.rollouts_logged += 1
         if self.flat_rollouts >= self.dead_run_rollouts:
-            print(f"WARNING: dead run: in the last {self.flat_rollouts} rollouts every group's "
-                  "samples got the same reward, so every advantage is 0 and nothing is learned. "
-                  "Warm-start the model (it never succeeds or always does), raise "
-                  "--n-samples-per-prompt or --rollout-temperature, or use a dynamic-sampling "
-                  "filter (--dynamic-sampling-filter-path "
-                  "agentrl.rollout.filters:reward_std_positive).",
-                  file=sys.stderr, flush=True)
+            print(_dead_run(f"in the last {self.flat_rollouts} rollouts"), file=sys.stderr, flush=True)
         elapsed = round(self._elapsed(), 3)
         record = {"rollout_id": rollout_id, "elapsed_s": elapsed, **values}
         with self.metrics_path.open("a") as f:
@@ -279,6 +275,12 @@ class RunLog:
             with contextlib.suppress(OSError):
                 folder.rmdir()
 
+    def finish(self) -> None:
+        """Ends the run's console output: a run too short for the dead-run warning whose every
+        rollout was flat gets it now (a 2-rollout run that learned nothing says why)."""
+        if 0 < self.flat_rollouts < self.dead_run_rollouts and self.flat_rollouts >= self.rollouts_logged:
+            print(_dead_run(f"in all {self.flat_rollouts} rollouts of this run"), file=sys.stderr, flush=True)
+
     def _flat_rollouts_after(self, values: Mapping[str, Any]) -> int:
         """The flat-rollouts-in-a-row count once the rollout with metrics ``values`` is counted:
         one more if every group had one reward for all its samples, else 0."""
@@ -293,6 +295,15 @@ class RunLog:
     def _log_scalars(self, step: int, values: dict[str, float]) -> None:
         for sink in self.sinks:
             sink.log(step, values)
+
+
+def _dead_run(when: str) -> str:
+    """The dead-run warning: ``when`` says over which rollouts every reward was flat."""
+    return (f"WARNING: dead run: {when} every group's samples got the same reward, so every "
+            "advantage is 0 and nothing is learned. Warm-start the model (it never succeeds or "
+            "always does), raise --n-samples-per-prompt or --rollout-temperature, or use a "
+            "dynamic-sampling filter (--dynamic-sampling-filter-path "
+            "agentrl.rollout.filters:reward_std_positive).")
 
 
 def _supersede_after(path: Path, key: str, first: int) -> None:

@@ -81,6 +81,13 @@ def test_the_same_command_twice_runs_twice_and_load_of_a_run_folder_continues_it
     lines = (runs[0] / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["rollout_id"] for line in lines] == [0, 1]  # continued in place
     assert len([p for p in (tmp_path / "runs").iterdir() if not p.is_symlink()]) == 2
+    # the same --num-rollout again: nothing left to train, said at once, nothing started
+    again = train(*TINY_RUN, "--num-rollout", "2", "--use-ray", "--no-progress", "--load",
+                  f"runs/{runs[0].name}", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "nothing to do:" in again.stdout and "pass --num-rollout 3 or more" in again.stdout
+    assert "Ray" not in again.stdout + again.stderr  # it stopped before starting anything
+    assert (runs[0] / "metrics.jsonl").read_text().splitlines() == lines
 
 
 def test_a_refused_start_leaves_nothing_behind(tmp_path):

@@ -113,6 +113,21 @@ def test_dead_run_warning_after_n_flat_rollouts_and_reset(
     assert flat == [1, 2, 0, 1, 2]
 
 
+def test_a_run_shorter_than_the_warning_says_so_at_its_end(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    short = RunLog(tmp_path / "short", dead_run_rollouts=3, use_tensorboard=False)
+    short.metrics(0, FLAT)
+    short.metrics(1, FLAT)
+    assert "dead run" not in capsys.readouterr().err  # 2 < 3: not yet
+    short.finish()
+    assert "WARNING: dead run: in all 2 rollouts of this run" in capsys.readouterr().err
+    learned = RunLog(tmp_path / "learned", dead_run_rollouts=3, use_tensorboard=False)
+    learned.metrics(0, LEARNING)
+    learned.metrics(1, FLAT)
+    learned.finish()  # one rollout had signal: no warning
+    assert "dead run" not in capsys.readouterr().err
+
+
 def test_dead_run_counter_survives_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     first = RunLog(tmp_path, dead_run_rollouts=3, use_tensorboard=False)
     first.metrics(0, FLAT)
