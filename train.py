@@ -86,7 +86,7 @@ async def main(argv: list[str]) -> None:
             pipeline = AsyncRollout.from_runner(runner, max_staleness=run.max_staleness) if run.async_training else None
             if pipeline is not None:
                 closing.push_async_callback(pipeline.aclose)
-            start = 0
+            start, exported = 0, []
             if trainer.load:
                 folder = latest_checkpoint(trainer.load)
                 extra = actor.load_checkpoint(folder)
@@ -140,8 +140,8 @@ async def main(argv: list[str]) -> None:
                         publish_checkpoint(save_root, rollout_id + 1, functools.partial(
                             save, actor=actor, extra=extra, data=data, pipeline=pipeline))
                         if trainer.save_hf:
-                            export_hf(actor, f"{trainer.save_hf}/rollout_{rollout_id + 1:05d}", checkpoint,
-                                      rollout.chat_template)
+                            exported.append(f"{trainer.save_hf}/rollout_{rollout_id + 1:05d}")
+                            export_hf(actor, exported[-1], checkpoint, rollout.chat_template)
                 log.metrics(rollout_id, {**batch.metrics, **{f"train/{k}": v for k, v in train_metrics.items()}})
 
             if run.eval_interval:
@@ -152,7 +152,9 @@ async def main(argv: list[str]) -> None:
     if change is not None:
         print(change)
     print(f"done: metrics {log.metrics_path}, trajectories {log.trajectories}/, checkpoints "
-          f"{save_root}/ (continue with --load {save_root})")
+          f"{save_root}/ (continue with --load {save_root} and a larger --num-rollout)")
+    if exported:
+        print(f"exported (Hugging Face folders, --save-hf): {', '.join(exported)}")
     print(f"look at the run: agentrl view {run.output_dir}")
 
 

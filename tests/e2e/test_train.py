@@ -112,6 +112,7 @@ def test_sft_warm_start_then_rl_from_its_export(tmp_path):
     assert metrics[0]["rollout/reward_mean"] == 1.0  # the oracle's demonstrations all succeed
     exported = tmp_path / "hf" / "rollout_00002"
     assert (exported / "config.json").is_file() and (exported / "tokenizer.json").is_file()
+    assert f"exported (Hugging Face folders, --save-hf): {exported}" in sft.stdout  # its last lines say where
     rl = train(*TINY_RUN, "--num-rollout", "1", "--hf-checkpoint", str(exported),
                "--output-dir", str(tmp_path / "rl"), cwd=tmp_path)
     assert rl.returncode == 0, rl.stderr[-3000:]
