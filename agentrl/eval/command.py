@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from agentrl.config import add_arguments, from_namespace, option
+from agentrl.env import ToolEnv
 from agentrl.errors import ConfigError
 from agentrl.eval.runner import EvalSet, eval_sets, evaluate_sets, write_episodes
 from agentrl.models.catalog import resolve_checkpoint
@@ -164,6 +165,8 @@ async def evaluate(rollout: RolloutConfig, evaluation: EvalConfig
     """
     envs = env_factory(rollout)
     assert envs is not None
+    if evaluation.policy == "oracle":
+        check_has_oracle(envs)
     sets = eval_sets(rollout) or [EvalSet(str(rollout.env), None, rollout.env, evaluation.split)]
     stop = StopOnSignals(describe=lambda: f"the evaluation of {evaluation.policy}",
                          advice=lambda: "nothing was written (results are written when every set "
@@ -173,6 +176,24 @@ async def evaluate(rollout: RolloutConfig, evaluation: EvalConfig
     summary = {"env": rollout.env, "policy": results[1], "split": evaluation.split,
                "sets": {name: metrics for name, (metrics, _) in results[0].items()}}
     return summary, {name: groups for name, (_, groups) in results[0].items()}
+
+
+def check_has_oracle(envs: Any) -> None:
+    """Refuses ``--policy oracle`` (the default) for an env without a scripted oracle, whose
+    every episode would fail, naming the policies that can play it.
+
+    Raises:
+        ConfigError: The env does not override ``ToolEnv.oracle_action``.
+    """
+    probe = envs()
+    try:
+        if type(probe).oracle_action is ToolEnv.oracle_action:
+            raise ConfigError(f"--policy oracle (the default) plays the env's scripted expert, and "
+                              f"{type(probe).__name__} has none: pass --policy model (the embedded "
+                              "default, or --hf-checkpoint), --policy openai --base-url URL --model "
+                              "NAME (a chat server), or --policy null")
+    finally:
+        probe.close()
 
 
 async def _play_sets(rollout: RolloutConfig, evaluation: EvalConfig, envs: Any, sets: list[Any]

@@ -142,12 +142,13 @@ def test_eval_seeds_never_equal_training_seeds(isolated_registry):
     assert not train_seeds & set(eval_seeds)
 
 
-def test_eval_of_an_env_without_an_oracle_fails_loudly(isolated_registry, capsys):
+def test_eval_of_an_env_without_an_oracle_is_refused_at_start(isolated_registry, capsys):
     register_env("exploding-no-oracle-v0", entry_point=Exploding)
-    code = main(["eval", "--env", "exploding-no-oracle", "--policy", "oracle", "--limit", "3"])
-    out = capsys.readouterr().out
-    assert code == 1
-    assert "Exploding has no scripted oracle" in out and "every episode" in out
+    code = main(["eval", "--env", "exploding-no-oracle", "--limit", "3"])  # oracle: the default
+    captured = capsys.readouterr()
+    assert code == 1 and captured.out == ""  # no episode was played
+    assert "--policy oracle (the default) plays the env's scripted expert, and Exploding has none" in captured.err
+    assert "--policy model" in captured.err
 
 
 @pytest.mark.parametrize("argv, message", [
