@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import difflib
 import json
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -28,8 +29,24 @@ class FlagParser(argparse.ArgumentParser):
     look (``prog --help``), not the full usage first (a hundred lines for ``train.py``).
     Subcommands' parsers are of this class too."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        for key in ("description", "epilog"):  # module docstrings: reST for the docs site
+            if isinstance(kwargs.get(key), str):
+                kwargs[key] = plain_text(kwargs[key])
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> typing.NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n(all flags: {self.prog} --help)\n")
+
+
+_ROLE = re.compile(r":[a-z]+:`~?(?:[\w.]*\.)?([^`<]+?)(?: <[^>]+>)?`")
+"""A reST role: ``:class:`~agentrl.env.ToolEnv``` -> its last name."""
+
+
+def plain_text(text: str) -> str:
+    """``text`` (a docstring) with its reST markup removed, for a terminal: roles become
+    their name, ````literals```` their text."""
+    return _ROLE.sub(r"\1", text).replace("``", "")
 
 
 def option(default: Any = None, help: str = "", **argparse_kwargs: Any) -> Any:

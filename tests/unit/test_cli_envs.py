@@ -147,3 +147,14 @@ def test_an_unknown_split_of_a_dict_lookup_env_is_one_clear_error(tmp_path, monk
     assert "Traceback" not in err
     assert main(["check-env", "cli_lookup_envs:cli-lookup"]) == 0  # the KeyError counts as a refusal
     assert "unknown split" in capsys.readouterr().out.split("  passed: ")[1]
+
+
+def test_help_is_plain_text_without_rest_markup(capsys):
+    from agentrl.config import plain_text
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "``" not in out and ":class:" not in out
+    assert "The agentrl command line: list-envs, check-env ID" in out
+    assert plain_text("a :class:`~agentrl.env.ToolEnv`, :func:`check_env`, ``--x``") == "a ToolEnv, check_env, --x"
