@@ -68,8 +68,10 @@ class RunLog:
                  wandb_project: str = "agentrl", wandb_mode: str = "offline",
                  wandb_run_name: str | None = None,
                  wandb_config: dict[str, Any] | None = None,
-                 progress: RunProgress | None = None) -> None:
+                 progress: RunProgress | None = None, gateway_segments: str = "last") -> None:
         self.dead_run_rollouts = dead_run_rollouts
+        self.gateway_segments = gateway_segments
+        self.dropped_replies_explained = False
         self.progress = progress
         self.stage_seconds: dict[str, float] = {}
         self.flat_rollouts = 0
@@ -112,7 +114,7 @@ class RunLog:
                   use_tensorboard=run.use_tensorboard, use_wandb=run.use_wandb,
                   wandb_project=run.wandb_project, wandb_mode=run.wandb_mode,
                   wandb_run_name=run.wandb_run_name, wandb_config=vars(args.namespace),
-                  progress=progress)
+                  progress=progress, gateway_segments=rollout.gateway_segments)
         if args.fresh_output_dir:  # a new dated folder: runs/latest names it from now on
             note = point_latest(run.output_dir)
             if note is not None:
@@ -141,6 +143,14 @@ class RunLog:
         self.flat_rollouts = self._flat_rollouts_after(values)
         values = {**values, "run/flat_rollouts_in_a_row": self.flat_rollouts}
         self.rollouts_logged += 1
+        dropped = values.get("rollout/gateway/dropped_replies", 0)
+        if dropped and self.gateway_segments == "last" and not self.dropped_replies_explained:
+            self.dropped_replies_explained = True  # once a run
+            print(f"note: rollout/gateway/dropped_replies={dropped:g}: model replies in no trained "
+                  "sample: the segments before an agent rewrote its history (trimmed or summarised "
+                  "it), which --gateway-segments last leaves out (--gateway-segments all trains "
+                  "every segment), choices it did not continue, or draws a retry replaced "
+                  "(docs/guides/agents.md, Sessions and segments)", file=sys.stderr, flush=True)
         if self.flat_rollouts >= self.dead_run_rollouts:
             print(_dead_run(f"in the last {self.flat_rollouts} rollouts"), file=sys.stderr, flush=True)
         elapsed = round(self._elapsed(), 3)

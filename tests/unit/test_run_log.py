@@ -128,6 +128,20 @@ def test_a_run_shorter_than_the_warning_says_so_at_its_end(
     assert "dead run" not in capsys.readouterr().err
 
 
+def test_dropped_gateway_replies_are_explained_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = RunLog(tmp_path, use_tensorboard=False)
+    log.metrics(0, {**LEARNING, "rollout/gateway/dropped_replies": 0.0})
+    assert "dropped_replies" not in capsys.readouterr().err
+    log.metrics(1, {**LEARNING, "rollout/gateway/dropped_replies": 3.0})
+    assert "(--gateway-segments all trains every segment)" in capsys.readouterr().err
+    log.metrics(2, {**LEARNING, "rollout/gateway/dropped_replies": 2.0})
+    assert "dropped_replies" not in capsys.readouterr().err  # once a run
+    every = RunLog(tmp_path / "all", use_tensorboard=False, gateway_segments="all")
+    every.metrics(0, {**LEARNING, "rollout/gateway/dropped_replies": 3.0})
+    assert "dropped_replies" not in capsys.readouterr().err  # they are trained there
+
+
 def test_dead_run_counter_survives_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     first = RunLog(tmp_path, dead_run_rollouts=3, use_tensorboard=False)
     first.metrics(0, FLAT)
