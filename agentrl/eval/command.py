@@ -281,6 +281,15 @@ def run_eval(namespace: argparse.Namespace) -> int:
     return 0
 
 
+TRUNCATIONS = {
+    "max_turns": "the turn limit (--max-turns)",
+    "length": "a reply at --rollout-max-response-len",
+    "context": "the context (--rollout-max-context-len)",
+    "agent_timeout": "--agent-timeout",
+}
+"""What each ``finish`` of a truncated episode means, for the eval table."""
+
+
 def format_table(name: str, policy: str, metrics: dict[str, Any]) -> str:
     """The human-readable summary of one eval set."""
     t = metrics["time_per_episode_s"]
@@ -293,6 +302,8 @@ def format_table(name: str, policy: str, metrics: dict[str, Any]) -> str:
         ("mean reward", f"{metrics['mean_reward']:.3f}"),
         *((key, f"{value:.3f}") for key, value in metrics.items() if key.startswith("pass@")),
         ("statuses", ", ".join(f"{k}={v}" for k, v in metrics["statuses"].items()) or "none"),
+        *((("  truncated by", ", ".join(f"{TRUNCATIONS.get(k, k)} {v}" for k, v in metrics["truncated_by"].items())),)
+          if metrics.get("truncated_by") else ()),
         ("mean turns", f"{metrics['mean_turns']:.2f}"),
         ("tool calls", str(metrics["tool_calls"])),
         ("tool errors", ", ".join(f"{k}={v}" for k, v in metrics["tool_errors"].items()) or "none"),

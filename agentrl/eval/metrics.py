@@ -69,7 +69,9 @@ def summarize(groups: Sequence[Sequence[Sample]]) -> dict[str, Any]:
         ``n_prompts``, ``n_samples``, ``success_rate`` (:func:`agentrl.rollout.outcomes.succeeded`),
         ``mean_reward``, ``pass@k`` for each ``k`` of :func:`pass_k_values` (``n`` = the fewest
         samples any prompt has; the unbiased estimate, averaged over prompts), ``statuses``
-        (status -> count), ``failed`` (samples whose env, tool plumbing or policy crashed),
+        (status -> count), ``truncated_by`` (what cut the truncated ones -> count: ``max_turns``,
+        ``length`` for a reply at ``--rollout-max-response-len``, ``context``, ``agent_timeout``),
+        ``failed`` (samples whose env, tool plumbing or policy crashed),
         ``errors`` (the first line of each failure's reason -> count), ``mean_turns``,
         ``mean_response_len`` (tokens), ``tool_calls``, ``tool_errors`` (kind -> count),
         ``time_per_episode_s`` (``policy``, ``tools``, ``grading`` and ``total`` seconds per
@@ -104,6 +106,8 @@ def summarize(groups: Sequence[Sequence[Sample]]) -> dict[str, Any]:
         out[f"pass@{k}"] = sum(scores) / len(scores)
     out.update({
         "statuses": outcome["statuses"],
+        "truncated_by": dict(collections.Counter(str(s.metadata.get("finish")) for s in samples
+                                                 if s.status is Status.TRUNCATED).most_common()),
         "failed": sum(s.status is Status.FAILED for s in samples),
         "errors": dict(errors.most_common(5)),
         "mean_turns": outcome["mean_turns"],

@@ -237,3 +237,13 @@ def test_a_misspelled_eval_flag_gets_a_suggestion(capsys):
         main(["eval", "--env", "calc", "--limt", "3"])
     assert exc.value.code == 2
     assert "--limt: did you mean --limit?" in capsys.readouterr().err
+
+
+def test_the_table_says_what_cut_the_truncated_episodes(capsys):
+    # the tiny model's replies run into an 8-token limit: truncated by the reply length
+    code = main(["eval", "--env", "calc", "--policy", "model", "--limit", "2", "--max-turns", "1",
+                 "--rollout-max-response-len", "8"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "statuses          truncated=2" in out
+    assert "  truncated by    a reply at --rollout-max-response-len 2" in out
