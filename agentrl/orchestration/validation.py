@@ -26,7 +26,7 @@ from agentrl.orchestration.run_folder import RUN_FILES
 from agentrl.plugins import load_plugin
 from agentrl.rollout.custom import load_custom_generate
 from agentrl.trainer.config import batch_shape, resolve_off_policy_correction
-from agentrl.trainer.hf_spec import ARCHITECTURES, read_hf_config
+from agentrl.trainer.hf_spec import ARCHITECTURES, SUPPORTED_MODEL_TYPES, read_hf_config
 from agentrl.trainer.model_flags import check_model_flags
 
 if TYPE_CHECKING:
@@ -120,6 +120,12 @@ def check_files(args: Args) -> None:
         except ConfigError as exc:
             raise ConfigError(f"--hf-checkpoint {checkpoint}: {exc}") from exc
         model_type = raw.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:  # every run trains it: no backend helps
+            raise ConfigError(
+                f"--hf-checkpoint {checkpoint} is a {model_type!r} model; train.py trains "
+                f"{', '.join(SUPPORTED_MODEL_TYPES)} models (the Megatron trainer), and the "
+                f"embedded engine serves {' and '.join(EMBEDDED_MODEL_TYPES)}: pick a model of "
+                "those families (agentrl models list names one that works here)")
         if rollout.rollout_backend not in ("sglang", "vllm") and model_type not in EMBEDDED_MODEL_TYPES:
             raise ConfigError(
                 f"--hf-checkpoint {checkpoint} is a {model_type!r} model; "

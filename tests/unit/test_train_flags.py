@@ -277,6 +277,20 @@ def test_a_model_the_embedded_engine_cannot_serve_is_refused_at_start_up(
     assert "--rollout-backend sglang" in err
 
 
+@pytest.mark.parametrize("backend", [[], ["--rollout-backend", "vllm", "--rollout-engine-urls",
+                                           "http://127.0.0.1:9"]])
+def test_a_model_nothing_here_can_train_is_refused_once_whatever_serves_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], backend: list[str]) -> None:
+    """gpt2: no backend helps, since every run trains it: one refusal at start-up naming the
+    families that work, not a server's refusal later (or the trainer's, after the engines)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "gpt2"}')
+    err = refused([*ENV, "--hf-checkpoint", str(model), *backend], capsys)
+    assert "is a 'gpt2' model; train.py trains qwen2, qwen3, llama models" in err
+    assert "sglang or vllm" not in err
+
+
 def test_a_run_without_a_reward_is_refused_unless_it_learns_demonstrations(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = tmp_path / "conversations.jsonl"
