@@ -44,6 +44,10 @@ log = logging.getLogger(__name__)
 Self = TypeVar("Self", bound="HTTPEngine")
 
 
+
+WAIT_NOTE_S = 10.0
+"""Seconds between the lines that say a server is still awaited."""
+
 class WorkerUnreachable(EngineError):
     """A server did not accept the connection (it died or never started)."""
 
@@ -121,15 +125,23 @@ class HTTPEngine(Engine):
                 this client needs (the message says which server flag is missing).
         """
         engine = cls(worker_urls, **kwargs)
-        deadline = time.monotonic() + wait_s
+        started = time.monotonic()
+        deadline, said = started + wait_s, started
         try:
             for url in engine.workers:
                 while not await engine.worker_healthy(url):
                     if alive is not None and not alive():
                         raise EngineError(f"{cls.server_name} server {url} exited while starting")
-                    if time.monotonic() > deadline:
+                    now = time.monotonic()
+                    if now > deadline:
                         raise EngineError(f"{cls.server_name} server {url} did not answer "
                                           f"{cls.health_path} within {wait_s:.0f} s")
+                    if now - said >= WAIT_NOTE_S:  # a wait says what it waits on
+                        said = now
+                        why = ("it is starting" if alive is not None
+                               else "is it running, and is the URL right?")
+                        log.warning("waiting for %s server %s to answer %s: %.0f s of at most %.0f s (%s)",
+                                    cls.server_name, url, cls.health_path, now - started, wait_s, why)
                     await asyncio.sleep(0.5)
                 await engine.prepare_worker(url)
         except BaseException:

@@ -15,13 +15,14 @@ builds a rank.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import os
 import signal
 import socket
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -143,17 +144,35 @@ def start_ray(config: ClusterConfig) -> None:
     ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
     if ray.is_initialized():
         return
-    if config.ray_address:
-        ray.init(address=config.ray_address, namespace=RAY_NAMESPACE, log_to_driver=True)
+    with _keeping_signal_handlers():
+        if config.ray_address:
+            ray.init(address=config.ray_address, namespace=RAY_NAMESPACE, log_to_driver=True)
+            return
+        engines = config.num_engines if config.engine_actors and not config.colocate else 0
+        cpus = max(os.cpu_count() or 1, config.world_size * config.cpus_per_rank + engines)
+        # Ray notes on every local start that it turned token authentication on; it stays on,
+        # and the note is about Ray's default, not about the run: it is not printed
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+        # "local": a new instance even if `ray start` left a cluster address on this machine
+        ray.init(address="local", num_cpus=cpus, object_store_memory=256 * 2**20,
+                 include_dashboard=False, log_to_driver=False, namespace=RAY_NAMESPACE)
+
+
+@contextlib.contextmanager
+def _keeping_signal_handlers() -> Iterator[None]:
+    """Puts SIGINT's and SIGTERM's handlers back after ``ray.init``, which sets its own SIGTERM
+    handler (``sys.exit(15)``): a SIGTERM while the run waits (on a server, say) would end it
+    with status 15 and no word instead of the run's clean stop and its one-line message."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
         return
-    engines = config.num_engines if config.engine_actors and not config.colocate else 0
-    cpus = max(os.cpu_count() or 1, config.world_size * config.cpus_per_rank + engines)
-    # Ray notes on every local start that it turned token authentication on; it stays on, and
-    # the note is about Ray's default, not about the run: it is not printed
-    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-    # "local": a new instance even if `ray start` left a cluster address on this machine
-    ray.init(address="local", num_cpus=cpus, object_store_memory=256 * 2**20,
-             include_dashboard=False, log_to_driver=False, namespace=RAY_NAMESPACE)
+    kept = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in kept.items():
+            if handler is not None:
+                signal.signal(signum, handler)
 
 
 class _TrainerRank:

@@ -388,3 +388,20 @@ def test_a_signal_during_the_trainers_step_stops_the_run_within_seconds(tmp_path
     assert code == 130, stderr[-3000:]
     assert "train.py: interrupted by SIGINT during rollout 0 (training)" in stderr
     assert "Traceback" not in stderr
+
+
+def test_a_wait_on_an_unreachable_server_says_so_and_a_sigterm_ends_it_in_one_line(tmp_path):
+    """--rollout-engine-urls naming nothing: the run says every few seconds what it waits on;
+    a SIGTERM then (after Ray started, which installs a SIGTERM handler of its own) ends it
+    with the one-line message and the shell's status, not a silent exit or tracebacks."""
+    run = train("--env", "calc", "--num-rollout", "1", "--rollout-backend", "vllm",
+                "--rollout-engine-urls", "http://127.0.0.1:9", "--no-progress", tmp_path=tmp_path)
+    run.wait_for(lambda: "waiting for vLLM server http://127.0.0.1:9 to answer" in run.stderr(),
+                 "the line saying what the run waits on", timeout=120)
+    assert "(is it running, and is the URL right?)" in run.stderr()
+    run.signal(signal.SIGTERM)
+    code, stderr = run.finish()
+    assert code == 143, stderr[-3000:]
+    assert "train.py: interrupted by SIGTERM during start-up" in stderr
+    assert "Traceback" not in stderr
+    run.assert_nothing_left()
