@@ -269,13 +269,21 @@ class RunLog:
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
         self.close()
-        if exc_type is not None and self.root in self.created and not self.run_path.exists():
+        if exc_type is not None and self.root in self.created and self._recorded_nothing():
             self._take_back()
 
+    def _recorded_nothing(self) -> bool:
+        """Whether the folder holds nothing a run produced: at most its ``run.json`` (the
+        launch) and the TensorBoard writer's empty start, no metrics, evaluation, trajectory or
+        checkpoint."""
+        kept = {self.run_path.name, self.tensorboard_dir.name}
+        return self.root.is_dir() and all(entry.name in kept for entry in self.root.iterdir())
+
     def _take_back(self) -> None:
-        """Removes the folder this run made when it stopped before it launched (a refused
-        start: an env that cannot be imported, a prompt file with no usable row, a signal while
-        reading it): nothing in it records a run. ``runs/latest`` then names no folder and goes
+        """Removes the folder this run made when it stopped before its first rollout was
+        recorded (a refused start: an env that cannot be imported, a prompt file with no usable
+        row, a signal while reading it; or a failure while starting: a server that never
+        answered): nothing in it records a run. ``runs/latest`` then names no folder and goes
         too."""
         shutil.rmtree(self.root, ignore_errors=True)
         latest = self.root.parent / LATEST

@@ -405,3 +405,6 @@ def test_a_wait_on_an_unreachable_server_says_so_and_a_sigterm_ends_it_in_one_li
     assert "train.py: interrupted by SIGTERM during start-up" in stderr
     assert "Traceback" not in stderr
     run.assert_nothing_left()
+    # it recorded nothing but its launch: the folder it made is taken back (no run.json-only
+    # folder for agentrl view or runs/latest to point at)
+    assert not (tmp_path / "run").exists()
