@@ -155,6 +155,12 @@ def test_the_overview_draws_one_point_per_logged_rollout(page, viewer, runs, sho
     assert "zoomed" in chart.get_attribute("class")  # a drag zooms into the range it covered
     chart.locator("svg").dblclick()
     assert "zoomed" not in chart.get_attribute("class")
+    # the y range is never narrower than 1% of the values: a 1e-5 wobble of an entropy of 5
+    # draws flat, a real change keeps its own range
+    flat_lo, flat_hi = page.evaluate("yRange([5.0, 5.00001, 4.99999], false)")
+    assert flat_hi - flat_lo >= 0.05
+    lo, hi = page.evaluate("yRange([0.2, 0.6], false)")
+    assert lo < 0.2 < 0.6 < hi < 0.7
     page.screenshot(path=str(shots / "run-overview.png"), full_page=True)
 
 

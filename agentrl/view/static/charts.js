@@ -12,6 +12,17 @@ function svgEl(name, attrs, parent) {
   return el;
 }
 
+// The y range drawn for values ys: their extent, padded, and never narrower than 1% of their
+// magnitude, so that an entropy moving by 1e-5 around 5 draws flat instead of as a trend.
+function yRange(ys, stacked) {
+  let lo = stacked ? 0 : Math.min(...ys), hi = Math.max(...ys);
+  const least = Math.max(Math.abs(lo), Math.abs(hi)) * 0.01;
+  if (hi - lo < least) { const mid = (lo + hi) / 2; lo = stacked ? 0 : mid - least / 2; hi = mid + least / 2; }
+  if (lo === hi) { lo -= 0.5; hi += 0.5; }
+  const pad = (hi - lo) * 0.06;
+  return [lo - (stacked ? 0 : pad), hi + pad];
+}
+
 function niceTicks(lo, hi, count) {
   if (!isFinite(lo) || !isFinite(hi)) return [];
   if (lo === hi) return [lo];
@@ -71,10 +82,7 @@ function drawChart(figure, series, options) {
     if (p[0] >= domain[0] && p[0] <= domain[1]) ys.push(stackedTop ? stackedTop[i][j][2] : p[1]);
   }));
   if (!ys.length) ys = [0];
-  let lo = options.stacked ? 0 : Math.min(...ys), hi = Math.max(...ys);
-  if (lo === hi) { lo -= 0.5; hi += 0.5; }
-  const pad = (hi - lo) * 0.06;
-  lo -= options.stacked ? 0 : pad; hi += pad;
+  let [lo, hi] = yRange(ys, options.stacked);
   const span = domain[1] - domain[0] || 1;
   const sx = (x) => L + ((x - domain[0]) / span) * (W - L - R) + (domain[0] === domain[1] ? (W - L - R) / 2 : 0);
   const sy = (y) => T + (1 - (y - lo) / (hi - lo)) * (H - T - B);
