@@ -207,8 +207,7 @@ def resume_advice(root: str | Path, argv: Sequence[str], prog: str = "train.py")
         elif not arg.startswith("--load="):
             rest.append(arg)
     command = shlex.join(["python", prog, *rest, "--load", str(root)])
-    return (f"newest complete checkpoint: {folder}; continue with: {command} (--num-rollout is "
-            "the total: raise it to train beyond this run's end)")
+    return f"newest complete checkpoint: {folder}; continue with: {command}"
 
 
 def nothing_left(load: str | Path | None, num_rollout: int) -> str | None:
