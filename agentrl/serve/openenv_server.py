@@ -62,7 +62,7 @@ from pydantic import Field
 
 from agentrl.env.core import splits_of, task_set_of
 from agentrl.env.registry import env_spec
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, UnknownSplitError
 
 __all__ = ["FINAL_ANSWER_TOOL", "EpisodeObservation", "ServeConfig", "ServedEnv", "build_app", "is_loopback",
            "serve"]
@@ -279,12 +279,21 @@ def build_app(config: ServeConfig, live: weakref.WeakSet[ServedEnv] | None = Non
         return env
 
     factory.__name__ = config.env_id
-    return create_fastapi_app(
+    app = create_fastapi_app(
         factory, CallToolAction, CallToolObservation, env_name=env_spec(config.env_id).name,
         concurrency_config=ConcurrencyConfig(max_concurrent_envs=config.max_sessions,
                                              session_timeout=config.session_timeout),
         reset_observation_cls=EpisodeObservation, mode="simulation",
     )
+
+    async def unknown_split(request: Any, exc: Exception) -> Any:
+        # the task API's answer to a split the env lacks: its message (the splits it has), not 500
+        from fastapi.responses import JSONResponse
+
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    app.add_exception_handler(UnknownSplitError, unknown_split)
+    return app
 
 
 def serve(config: ServeConfig) -> None:

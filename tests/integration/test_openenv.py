@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -116,6 +117,10 @@ def test_a_served_env_consumed_back_gives_the_direct_rewards_episode_by_episode(
     with serve_env("calc") as (url, _):
         remote = make_env("openenv", url=url)
         assert remote.toolbox.schemas == direct.toolbox.schemas
+        with pytest.raises(urllib.error.HTTPError) as refused:  # an unknown split: 404, saying why
+            _post(url, "/calc/task_range", {"split": "bogus", "start": 0, "stop": 2})
+        assert refused.value.code == 404
+        assert "no task split 'bogus'; available splits: 'train', 'test'" in refused.value.read().decode()
 
         async def run():
             rows = remote.task_set("test", limit=12)
