@@ -37,7 +37,7 @@ THIRD_PARTY = {
     "--gpu-memory-utilization", "--no-enforce-eager", "--enable-lora", "--max-lora-rank",
     # bubblewrap, nsenter, setpriv and prlimit: the command lines of the bwrap and process
     # sandboxes (agentrl.sandbox.bwrap, agentrl.sandbox.local)
-    "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "--hostname",
+    "--unshare-all", "--share-net", "--die-with-parent", "--new-session", "--cap-drop", "--hostname",
     "--ro-bind", "--ro-bind-try", "--symlink", "--dev", "--proc", "--tmpfs", "--size", "--bind",
     "--remount-ro", "--chdir", "--info-fd",
     "--user", "--mount", "--pid", "--net", "--ipc", "--uts", "--root", "--wd",
