@@ -386,7 +386,9 @@ def test_the_openenv_env_passes_gymnasiums_and_agentrls_checkers_on_a_served_env
         finally:
             env.close()
         remote = make_env("openenv", url=url)
-        assert [s.split(":")[0] for s in check_env(remote)] == ["oracle"]  # no scripted oracle here
+        # no scripted oracle here, and no task fields: the server keeps the rows (and their
+        # private fields) to itself
+        assert [s.split(":")[0] for s in check_env(remote)] == ["oracle", "leakage"]
         with pytest.raises(UnknownSplitError, match=r"has no task split 'dev'; available splits: 'train', 'test'"):
             remote.task_set("dev")
         remote.close()
@@ -407,10 +409,11 @@ def test_an_agent_through_the_gateway_plays_a_served_env():
         config = RolloutConfig(env="openenv", env_kwarg=[f"url={url}"], agent_function_path=f"{agent}:run",
                                eval_max_prompts=2, rollout_max_context_len=4096, rollout_max_response_len=512)
         envs = env_factory(config)
-        rows = envs().task_set("test", 2)
+        rows = make_env("calc").task_set("test", 2)  # the scripted model knows the answers; the
+        # served rows (the agent's task) hold the public fields only
 
         def moves(text: str, rid: str) -> str:
-            task = next(r["task"] for r in rows if r["task"]["question"] in text)
+            task = next(r for r in rows if r["question"] in text)
             if "<tool_response>" not in text:
                 return ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "'
                         + task["expression"] + '"}}\n</tool_call>')
