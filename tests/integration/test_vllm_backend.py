@@ -215,22 +215,21 @@ def halved_model(directory):
 
 
 async def wait_running(engine: VLLMEngine, url: str, flights: list[asyncio.Task], timeout: float = 120.0) -> None:
-    """Until the server runs every request of ``flights`` (its ``vllm:num_requests_running``
-    gauge). Fails, never waits on, when one of them ended first or ``timeout`` passes (the
-    test is about requests in flight: a machine that finishes them before the gauge shows
-    them cannot run it)."""
+    """Until the server holds every request of ``flights`` (its ``vllm:num_requests_running``
+    and ``vllm:num_requests_waiting`` gauges: a server short of KV cache runs some and queues
+    the rest, which are in flight all the same), or one of them has ended (the update then
+    comes after it, which the assertions allow). Bounded: a server that never shows them
+    fails the test with what it showed."""
     deadline = time.monotonic() + timeout
-    running = 0.0
+    held = 0.0
     while time.monotonic() < deadline:
-        metrics = await engine._request("GET", f"{url}/metrics")
-        running = sum(float(line.rsplit(" ", 1)[1]) for line in str(metrics).splitlines()
-                      if line.startswith("vllm:num_requests_running"))
-        if running >= len(flights):
+        metrics = str(await engine._request("GET", f"{url}/metrics"))
+        held = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                   if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")))
+        if held >= len(flights) or any(t.done() for t in flights):
             return
-        done = [t for t in flights if t.done()]
-        assert not done, f"{len(done)} of the requests ended before the server showed them running"
         await asyncio.sleep(0.05)
-    raise AssertionError(f"the server ran {running:g} of {len(flights)} requests after {timeout:g} s")
+    raise AssertionError(f"the server held {held:g} of {len(flights)} requests after {timeout:g} s")
 
 
 def logprob_difference(a: GenerateOutput, b: GenerateOutput) -> float:
