@@ -151,11 +151,7 @@ async def main(argv: list[str]) -> None:
     change = log.change()
     if change is not None:
         print(change)
-    print(f"done: metrics {log.metrics_path}, trajectories {log.trajectories}/, checkpoints "
-          f"{save_root}/ (continue with --load {save_root} and a larger --num-rollout)")
-    if exported:
-        print(f"exported (Hugging Face folders, --save-hf): {', '.join(exported)}")
-    print(f"look at the run: agentrl view {run.output_dir}")
+    print("\n".join(log.ending(save_root, exported, lora=bool(trainer.lora_rank))))
 
 
 def save(folder: Path, actor: Any, extra: dict[str, Any], data: Any, pipeline: AsyncRollout | None) -> None:

@@ -293,6 +293,20 @@ class RunLog:
             with contextlib.suppress(OSError):
                 folder.rmdir()
 
+    def ending(self, save_root: str | Path, exported: Sequence[str], *, lora: bool) -> list[str]:
+        """The run's last lines: where its files are, how to go on, what it exported (and, for
+        LoRA without ``--save-hf``, where the adapters are and how to get them out)."""
+        lines = [f"done: metrics {self.metrics_path}, trajectories {self.trajectories}/, checkpoints "
+                 f"{save_root}/ (continue with --load {save_root} and a larger --num-rollout)"]
+        if exported:
+            lines.append(f"exported (Hugging Face folders, --save-hf): {', '.join(exported)}")
+        elif lora:
+            lines.append(f"the LoRA adapters are only in the checkpoints under {save_root}/ (no "
+                         "--save-hf): a run with --save-hf DIR writes each save as a Hugging Face "
+                         "folder with the adapters merged, and the adapters alone in PEFT's format")
+        lines.append(f"look at the run: agentrl view {self.root}")
+        return lines
+
     def finish(self) -> None:
         """Ends the run's console output: a run too short for the dead-run warning whose every
         rollout was flat gets it now (a 2-rollout run that learned nothing says why)."""

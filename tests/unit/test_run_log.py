@@ -142,6 +142,17 @@ def test_dropped_gateway_replies_are_explained_once(
     assert "dropped_replies" not in capsys.readouterr().err  # they are trained there
 
 
+def test_the_last_lines_name_the_exports_or_where_lora_adapters_are(tmp_path: Path) -> None:
+    log = RunLog(tmp_path, use_tensorboard=False)
+    exported = log.ending("ck", ["hf/rollout_00002"], lora=True)
+    assert exported[0].endswith("checkpoints ck/ (continue with --load ck and a larger --num-rollout)")
+    assert exported[1] == "exported (Hugging Face folders, --save-hf): hf/rollout_00002"
+    assert exported[-1] == f"look at the run: agentrl view {tmp_path}"
+    lora = log.ending("ck", [], lora=True)
+    assert "the LoRA adapters are only in the checkpoints under ck/ (no --save-hf)" in lora[1]
+    assert len(log.ending("ck", [], lora=False)) == 2
+
+
 def test_dead_run_counter_survives_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     first = RunLog(tmp_path, dead_run_rollouts=3, use_tensorboard=False)
     first.metrics(0, FLAT)
