@@ -24,11 +24,14 @@ from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.episode import action_text
 from agentrl.rollout.sample import Status
 from tests.support.engines import ScriptedEngine
+from tests.support.sandboxes import backend_skip_reason
 from tests.support.tokenizers import tiny_tokenizer
 
 pytestmark = pytest.mark.integration
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+NEEDS_BWRAP = pytest.mark.skipif(backend_skip_reason("bwrap") is not None,
+                                 reason=f"command agents run in bubblewrap: {backend_skip_reason('bwrap')}")
 
 
 class OracleModel(ScriptedEngine):
@@ -182,6 +185,7 @@ def _evaluate_command(command: str, timeout: float = 120.0, *, on_host: bool = F
     return metrics, groups[0][0]
 
 
+@NEEDS_BWRAP
 def test_a_cli_agent_runs_unmodified_from_agent_command():
     metrics, sample = _evaluate_command(f"{sys.executable} {EXAMPLES}/cli_agent.py")
     assert sample.status is Status.COMPLETED, sample.metadata.get("error")
@@ -223,6 +227,7 @@ def test_agents_get_the_tasks_public_view_only(tmp_path):
     env.close()
 
 
+@NEEDS_BWRAP
 def test_a_command_agent_runs_sandboxed_seeing_nothing_of_the_host(tmp_path, monkeypatch, caplog):
     """By default the agent program runs in a bubblewrap sandbox: its own workspace as working
     directory, the host's current directory, home and other files invisible, the host's files
@@ -251,6 +256,7 @@ def test_a_command_agent_runs_sandboxed_seeing_nothing_of_the_host(tmp_path, mon
     assert sample.status is Status.FAILED
 
 
+@NEEDS_BWRAP
 def test_a_failing_command_fails_its_sample_with_its_stderr():
     _, sample = _evaluate_command("echo broken agent >&2; exit 3")
     assert sample.status is Status.FAILED and "exit code 3" in sample.metadata["error"]
