@@ -120,24 +120,29 @@ def task_set_of(env: ToolEnv, split: str, limit: int | None = None) -> list[dict
 
 def splits_of(env: ToolEnv, exclude: str | None = None) -> tuple[str, ...]:
     """The env's task splits: those its :class:`~agentrl.errors.UnknownSplitError` lists, else
-    those of :data:`PROBED_SPLITS` it answers (empty for an env without a task set)."""
+    those of :data:`PROBED_SPLITS` (but ``exclude``) it answers (empty for an env without a
+    task set)."""
+    return _splits_named(env) or tuple(s for s in PROBED_SPLITS if s != exclude and _answers(env, s))
+
+
+def _splits_named(env: ToolEnv) -> tuple[str, ...]:
+    """The splits the env's standard refusal lists (no env has the split asked here)."""
     try:
-        env.task_set("\0", 1)  # no env has this split: the standard error lists the real ones
+        env.task_set("\0", 1)
     except UnknownSplitError as exc:
-        if exc.available:
-            return tuple(exc.available)
-    except Exception:  # noqa: BLE001 - a KeyError, or any other refusal: probe instead
-        pass
-    found = []
-    for split in PROBED_SPLITS:
-        if split == exclude:
-            continue
-        try:
-            env.task_set(split, 1)
-        except Exception:  # noqa: BLE001 - not one of its splits (or no task set at all)
-            continue
-        found.append(split)
-    return tuple(found)
+        return tuple(exc.available)
+    except Exception:  # noqa: BLE001 - a KeyError, or any other refusal, names none
+        return ()
+    return ()
+
+
+def _answers(env: ToolEnv, split: str) -> bool:
+    """Whether ``env.task_set(split)`` gives tasks instead of refusing."""
+    try:
+        env.task_set(split, 1)
+    except Exception:  # noqa: BLE001 - not one of its splits (or no task set at all)
+        return False
+    return True
 
 
 class EpisodeState(Injected):

@@ -198,6 +198,8 @@ class CommandAgent(BlackBoxAgent):
         self.timeout_s = timeout_s
         self.limits = limits or CommandLimits()
         self.on_host = on_host
+        # what the sandbox runs and shows, worked out once (the current directory is the run's)
+        self._sandboxed: tuple[str, list[str]] = (command, [])
         if on_host:
             return
         if shutil.which("bwrap") is None:
@@ -205,7 +207,9 @@ class CommandAgent(BlackBoxAgent):
                              "is not installed: `apt-get install bubblewrap` (scripts/setup-system.sh "
                              "does), or pass --agent-on-host to run it as your user in the current "
                              "directory, where it can read every file you can")
-        for word in sandboxed_command(command, os.getcwd())[2]:
+        run, binds, hidden = sandboxed_command(command, os.getcwd())
+        self._sandboxed = (run, [*python_dirs(), *binds])
+        for word in hidden:
             log.warning("%s names %s, a file in the current directory, which the sandboxed agent "
                         "does not see (it would see the whole directory): put the agent in a folder "
                         "of its own (e.g. agents/), install it, or pass --agent-on-host",
@@ -224,10 +228,9 @@ class CommandAgent(BlackBoxAgent):
             box: ProcessSandbox | BwrapSandbox = ProcessSandbox(limits, tag="agent-", own_uid=False)
             command, cwd = self.command, os.getcwd()
         else:
-            command, binds, _ = sandboxed_command(self.command, os.getcwd())
+            command, binds = self._sandboxed
             # the caller's uid: this Python may live under a home only its owner can enter
-            box = BwrapSandbox(limits, tag="agent-", ro_binds=[*python_dirs(), *binds], network=True,
-                               own_uid=False)
+            box = BwrapSandbox(limits, tag="agent-", ro_binds=binds, network=True, own_uid=False)
             cwd = WORKSPACE
         async with box:
             await box.write_file("task.json", payload)

@@ -26,7 +26,7 @@ from agentrl.orchestration.run_folder import RUN_FILES
 from agentrl.plugins import load_plugin
 from agentrl.rollout.custom import load_custom_generate
 from agentrl.trainer.config import batch_shape, resolve_off_policy_correction
-from agentrl.trainer.hf_spec import ARCHITECTURES, SUPPORTED_MODEL_TYPES, read_hf_config
+from agentrl.trainer.hf_spec import SUPPORTED_MODEL_TYPES, read_hf_config
 from agentrl.trainer.model_flags import check_model_flags
 
 if TYPE_CHECKING:
@@ -136,8 +136,7 @@ def check_files(args: Args) -> None:
             check_safetensors_headers(checkpoint, ConfigError)
         except ConfigError as exc:
             raise ConfigError(f"--hf-checkpoint {checkpoint}: {exc}") from exc
-        if model_type in ARCHITECTURES:  # the trainer's own check, run before it starts
-            check_model_flags(read_hf_config(checkpoint), args.trainer)
+        check_model_flags(read_hf_config(checkpoint), args.trainer)  # the trainer's own check, early
     else:  # the built-in tiny model: its config is known without building it
         check_model_flags({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
                            **TINY_MODEL_CONFIG}, args.trainer)
