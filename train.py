@@ -26,7 +26,6 @@ from agentrl.eval.runner import EvalEnvs, run_evaluation
 from agentrl.orchestration.checkpoints import (
     DATA_FILE,
     PIPELINE_FILE,
-    export_hf,
     latest_checkpoint,
     nothing_left,
     publish_checkpoint,
@@ -35,6 +34,7 @@ from agentrl.orchestration.checkpoints import (
 )
 from agentrl.orchestration.cluster import TrainerGroup
 from agentrl.orchestration.context import make_rollout_context
+from agentrl.orchestration.export import export_hf
 from agentrl.orchestration.flags import parse_args
 from agentrl.orchestration.interrupts import StopOnSignals
 from agentrl.orchestration.run_log import RunLog
@@ -140,8 +140,9 @@ async def main(argv: list[str]) -> None:
                         publish_checkpoint(save_root, rollout_id + 1, functools.partial(
                             save, actor=actor, extra=extra, data=data, pipeline=pipeline))
                         if trainer.save_hf:
-                            exported.append(f"{trainer.save_hf}/rollout_{rollout_id + 1:05d}")
-                            export_hf(actor, exported[-1], checkpoint, rollout.chat_template)
+                            exported.append(export_hf(actor, f"{trainer.save_hf}/rollout_{rollout_id + 1:05d}",
+                                                      checkpoint, chat_template=rollout.chat_template,
+                                                      lora=bool(trainer.lora_rank)).describe())
                 log.metrics(rollout_id, {**batch.metrics, **{f"train/{k}": v for k, v in train_metrics.items()}})
 
             if run.eval_interval:

@@ -1,5 +1,5 @@
 """The ``agentrl`` command line: ``list-envs``, ``check-env ID``, ``eval --env ID``, ``view PATH``,
-``clean-sandboxes``, ``serve-env ID``, ``models list|get NAME``."""
+``clean-sandboxes``, ``serve-env ID``, ``models list|get NAME``, ``export RUN --hf DIR``."""
 
 from __future__ import annotations
 
@@ -184,6 +184,16 @@ def _cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from agentrl.orchestration.export import export_run  # megatron-core, torch
+
+    done = export_run(args.run, args.hf, checkpoint=args.checkpoint)
+    print(f"agentrl export: {done.describe()}")
+    if done.adapter is not None:
+        print(f"  {done.root / 'README.md'} says which folder is which and how to load each")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``agentrl`` command."""
     parser = FlagParser(prog="agentrl", description=__doc__, allow_abbrev=False)
@@ -266,6 +276,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", help="a model name (see `agentrl models list`) or a .gguf file")
     p.add_argument("--refresh", action="store_true", help="download and convert again")
     p.set_defaults(func=_cmd_models)
+
+    p = sub.add_parser("export", allow_abbrev=False,
+                       help="export a run's checkpoint as a Hugging Face folder, without training",
+                       description="Write a run's newest complete checkpoint (or --checkpoint) as "
+                       "train.py's --save-hf would have: a Hugging Face folder; for a LoRA run, "
+                       "merged/ (the adapters merged in) and adapter/ (PEFT's format, for the base "
+                       "model). One process on this machine, at tensor-parallel size 1.")
+    p.add_argument("run", help="the run's folder (train.py's --output-dir), its checkpoints, or "
+                   "one checkpoint in them")
+    p.add_argument("--hf", required=True, metavar="DIR", help="the export's folder")
+    p.add_argument("--checkpoint", default=None, metavar="DIR",
+                   help="a checkpoint (rollout_<n>) or a --save folder to export instead of the "
+                   "run's newest")
+    p.set_defaults(func=_cmd_export)
     return parser
 
 

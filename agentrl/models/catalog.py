@@ -42,7 +42,7 @@ from agentrl.chat.tiny_tokenizer import cache_root
 from agentrl.errors import ConfigError
 
 __all__ = ["GGUF_ARCHITECTURES", "NAMED_MODELS", "ModelFetchError", "NamedModel", "get_model",
-           "import_gguf", "is_fetched", "resolve_checkpoint"]
+           "import_gguf", "is_fetched", "named_model_of", "resolve_checkpoint"]
 
 GGUF_ARCHITECTURES = ("llama", "qwen2")
 """GGUF ``general.architecture`` values that convert into models agentrl trains and serves."""
@@ -113,6 +113,10 @@ def resolve_checkpoint(value: str, *, say: Say = _say_on_stderr) -> str:
     """
     path = Path(value).expanduser()
     if path.is_dir():
+        if not (path / "config.json").is_file() and (path / "merged" / "config.json").is_file():
+            # a LoRA run's export (agentrl/orchestration/export.py): the model is one level down
+            raise ConfigError(f"--hf-checkpoint {value}: this is a LoRA run's export; its model "
+                              f"(the adapters merged in) is {path / 'merged'}: pass that folder")
         return value
     if value in NAMED_MODELS and not path.exists():
         return str(get_model(value, say=say))
@@ -174,6 +178,18 @@ def import_gguf(path: str | Path, *, say: Say = _say_on_stderr) -> Path:
     say(f"agentrl: converting {path} into a Hugging Face folder once ({final})")
     _convert_into(path, final, {"gguf": str(path), "sha256": digest}, say=say)
     return final
+
+
+def named_model_of(folder: str | Path) -> str | None:
+    """The name of the named model whose converted folder ``folder`` is (what
+    ``--hf-checkpoint NAME`` fetches on any machine), or ``None`` for any other folder."""
+    path = Path(folder).expanduser()
+    try:
+        source = json.loads((path / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    name = source.get("name") if isinstance(source, dict) else None
+    return name if name in NAMED_MODELS and path.name == name else None
 
 
 def is_fetched(name: str) -> bool:

@@ -24,12 +24,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl.chat.templates import load_chat_template
 from agentrl.errors import ConfigError
 
 __all__ = ["DATA_FILE", "MANIFEST", "PIPELINE_FILE", "checkpoint_folder", "checkpoint_problem",
-           "export_hf",
-           "check_resumable", "latest_checkpoint", "mark_latest", "publish_checkpoint",
+           "check_resumable", "latest_checkpoint", "mark_latest", "nothing_left", "publish_checkpoint",
            "read_pipeline_state", "resume_advice"]
 
 MANIFEST = "manifest.json"
@@ -147,7 +145,8 @@ def _warn(message: str) -> None:
     print(f"WARNING: {message}", file=sys.stderr, flush=True)
 
 
-def latest_checkpoint(root: str | Path, report: Callable[[str], None] | None = _warn) -> Path:
+def latest_checkpoint(root: str | Path, report: Callable[[str], None] | None = _warn, *,
+                      flag: str = "--load") -> Path:
     """The checkpoint ``--load`` names: ``root`` itself if it is one, else the newest complete
     one under it.
 
@@ -160,6 +159,7 @@ def latest_checkpoint(root: str | Path, report: Callable[[str], None] | None = _
         root: The ``--load`` folder.
         report: Called with one line for each damaged checkpoint skipped (default: a warning
             on stderr); ``None`` for silence (e.g. checking the flag before the run starts).
+        flag: What gave ``root``, for the messages (``--load``, or a command's name).
 
     Raises:
         ConfigError: ``root`` is a damaged checkpoint, holds no checkpoint at all, or only
@@ -169,25 +169,25 @@ def latest_checkpoint(root: str | Path, report: Callable[[str], None] | None = _
     if any((root / name).is_file() for name in (DATA_FILE, MANIFEST, "metadata.json")):
         problem = checkpoint_problem(root)
         if problem is not None:
-            raise ConfigError(f"--load {str(root)!r}: this checkpoint is damaged: {problem}; "
+            raise ConfigError(f"{flag} {str(root)!r}: this checkpoint is damaged: {problem}; "
                               "pass the --save folder above it to resume from its newest "
                               "complete checkpoint")
         return root
     candidates = _candidates(root)
     if not candidates:
-        raise ConfigError(f"--load {str(root)!r}: no checkpoint there (no '{MARKER}' marker "
+        raise ConfigError(f"{flag} {str(root)!r}: no checkpoint there (no '{MARKER}' marker "
                           f"and no {DATA_FILE}); pass the --save folder of an earlier run")
     skipped: list[str] = []
     for folder in candidates:
         problem = checkpoint_problem(folder)
         if problem is None:
             if report is not None and skipped:
-                report(f"--load: resuming from {folder}, the newest complete checkpoint")
+                report(f"{flag}: using {folder}, the newest complete checkpoint")
             return folder
         skipped.append(f"{folder.name}: {problem}")
         if report is not None:
-            report(f"--load: checkpoint {folder} is damaged and skipped: {problem}")
-    raise ConfigError(f"--load {str(root)!r}: no complete checkpoint there ("
+            report(f"{flag}: checkpoint {folder} is damaged and skipped: {problem}")
+    raise ConfigError(f"{flag} {str(root)!r}: no complete checkpoint there ("
                       + "; ".join(skipped) + "); pass another --load, or drop it to start afresh")
 
 
@@ -224,7 +224,8 @@ def nothing_left(load: str | Path | None, num_rollout: int) -> str | None:
     done = int(found.group(1))
     return (f"nothing to do: {folder} is the checkpoint after rollout {done - 1}, and --num-rollout "
             f"{num_rollout} is the total: pass --num-rollout {done + 1} or more to train on from it "
-            "(nothing was trained or exported)")
+            f"(nothing was trained or exported; `agentrl export {load} --hf DIR` exports it without "
+            "training)")
 
 
 def _candidates(root: Path) -> list[Path]:
@@ -251,14 +252,3 @@ def _write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
-
-
-def export_hf(actor: Any, out_dir: str | Path, checkpoint: str | Path,
-              chat_template: str | None) -> Path:
-    """A ``--save-hf`` export: the trainer's Hugging Face folder with the tokenizer of the
-    model the run started from, and the run's ``--chat-template`` when one was given (so the
-    export plays as the run played without the flag)."""
-    out = Path(actor.save_hf(out_dir, tokenizer_dir=checkpoint))
-    if chat_template is not None:
-        (out / "chat_template.jinja").write_text(load_chat_template(chat_template)[1], encoding="utf-8")
-    return out

@@ -376,8 +376,8 @@ class TrainerGroup:
     def save_hf(self, out_dir: str | Path, tokenizer_dir: str | Path | None = None) -> Path:
         return self._all("save_hf", str(out_dir), str(tokenizer_dir) if tokenizer_dir else None)
 
-    def save_adapter(self, out_dir: str | Path) -> Path:
-        return self._all("save_adapter", str(out_dir))
+    def save_adapter(self, out_dir: str | Path, base_model: str | None = None) -> Path:
+        return self._all("save_adapter", str(out_dir), base_model)
 
     def shutdown(self) -> None:
         """Stops the ranks and frees the placement group; also while the ranks still build

@@ -302,8 +302,9 @@ class RunLog:
             lines.append(f"exported (Hugging Face folders, --save-hf): {', '.join(exported)}")
         elif lora:
             lines.append(f"the LoRA adapters are only in the checkpoints under {save_root}/ (no "
-                         "--save-hf): a run with --save-hf DIR writes each save as a Hugging Face "
-                         "folder with the adapters merged, and the adapters alone in PEFT's format")
+                         f"--save-hf): `agentrl export {self.root} --hf DIR` writes the newest as a "
+                         "Hugging Face folder with the adapters merged, and the adapters alone in "
+                         "PEFT's format (--save-hf DIR does it at every save)")
         lines.append(f"look at the run: agentrl view {self.root}")
         return lines
 

@@ -504,25 +504,26 @@ class MegatronActor:
 
     def save_hf(self, out_dir: str | Path, tokenizer_dir: str | Path | None = None) -> Path:
         """Writes a Hugging Face directory (collective over all ranks; rank 0 writes). With LoRA
-        the weights have the adapters merged in, and ``adapter/`` holds the adapters alone in
-        PEFT's format, for the base model this run started from."""
+        the weights have the adapters merged in; :meth:`save_adapter` writes the adapters alone."""
         tokenizer_dir = tokenizer_dir or self.hf_checkpoint
-        out = save_hf_checkpoint(self.model, self.hf_config, out_dir, tokenizer_dir=tokenizer_dir)
-        if self.lora is not None:
-            save_peft_adapter(self.model, self.lora, Path(out_dir) / "adapter",
-                              base_model=str(self.hf_checkpoint) if self.hf_checkpoint else None)
-        return out
+        return save_hf_checkpoint(self.model, self.hf_config, out_dir, tokenizer_dir=tokenizer_dir)
 
-    def save_adapter(self, out_dir: str | Path) -> Path:
+    def save_adapter(self, out_dir: str | Path, base_model: str | None = None) -> Path:
         """Writes the LoRA adapters alone in PEFT's format (collective; rank 0 writes).
+
+        Args:
+            out_dir: Destination folder (created).
+            base_model: What ``adapter_config.json`` names as the base model (PEFT's
+                ``base_model_name_or_path``); default: the folder this run started from.
 
         Raises:
             ConfigError: The policy has no adapters (``--lora-rank`` is 0).
         """
         if self.lora is None:
-            raise ConfigError("there are no LoRA adapters to write: --weight-sync adapter needs --lora-rank R")
-        return save_peft_adapter(self.model, self.lora, out_dir,
-                                 base_model=str(self.hf_checkpoint) if self.hf_checkpoint else None)
+            raise ConfigError("there are no LoRA adapters to write: train with --lora-rank R")
+        if base_model is None and self.hf_checkpoint is not None:
+            base_model = str(self.hf_checkpoint)
+        return save_peft_adapter(self.model, self.lora, out_dir, base_model=base_model)
 
     def save_checkpoint(self, directory: str | Path, extra: Mapping[str, Any] | None = None) -> None:
         """Saves model, optimizer, scheduler, step and RNG states (Megatron distributed checkpoint;

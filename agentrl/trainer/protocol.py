@@ -44,9 +44,10 @@ class Trainer(Protocol):
     def save_hf(self, out_dir: str | Path, tokenizer_dir: str | Path | None = None) -> Path:
         """Writes the policy as a Hugging Face model directory; returns it."""
 
-    def save_adapter(self, out_dir: str | Path) -> Path:
-        """Writes the policy's LoRA adapters alone in PEFT's format (``--weight-sync adapter``);
-        returns the folder."""
+    def save_adapter(self, out_dir: str | Path, base_model: str | None = None) -> Path:
+        """Writes the policy's LoRA adapters alone in PEFT's format (``--weight-sync adapter``,
+        exports), recording ``base_model`` as their base (default: the folder the run started
+        from); returns the folder."""
 
     def hf_state_dict(self) -> dict[str, Any]:
         """The policy's weights under Hugging Face names (``--weight-sync tensor``)."""

@@ -34,10 +34,12 @@ def test_train_py_trains_the_named_model_with_lora_and_exports_it(tmp_path):
     [launch] = run["launches"]
     assert Path(launch["policy_dir"]) == smollm2()  # the name resolved to the converted folder
     export = out / "hf" / "rollout_00001"
-    assert (export / "model.safetensors").is_file() and (export / "adapter" / "adapter_config.json").is_file()
+    assert (export / "merged" / "model.safetensors").is_file()
+    adapter = json.loads((export / "adapter" / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == NAME  # portable: not this machine's cache path
     assert "renders no tool calls" not in done.stderr
     # the export plays as the run played: its template is the run's --chat-template
-    assert (export / "chat_template.jinja").read_text() == CHATML_HERMES_TEMPLATE
+    assert (export / "merged" / "chat_template.jinja").read_text() == CHATML_HERMES_TEMPLATE
 
 
 def _gguf(into: Path) -> Path:

@@ -86,6 +86,7 @@ def test_the_same_command_twice_runs_twice_and_load_of_a_run_folder_continues_it
                   f"runs/{runs[0].name}", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "nothing to do:" in again.stdout and "pass --num-rollout 3 or more" in again.stdout
+    assert f"`agentrl export runs/{runs[0].name}/checkpoints --hf DIR` exports it" in again.stdout
     assert "Ray" not in again.stdout + again.stderr  # it stopped before starting anything
     assert (runs[0] / "metrics.jsonl").read_text().splitlines() == lines
 
@@ -113,6 +114,14 @@ def test_sft_warm_start_then_rl_from_its_export(tmp_path):
     exported = tmp_path / "hf" / "rollout_00002"
     assert (exported / "config.json").is_file() and (exported / "tokenizer.json").is_file()
     assert f"exported (Hugging Face folders, --save-hf): {exported}" in sft.stdout  # its last lines say where
+    again = subprocess.run([sys.executable, "-m", "agentrl", "export", str(tmp_path / "sft"), "--hf",
+                            str(tmp_path / "again")], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]  # the checkpoint exported without training
+    assert sorted(p.name for p in (tmp_path / "again").iterdir()) == sorted(p.name for p in exported.iterdir())
+    from safetensors.torch import load_file
+
+    ours, theirs = load_file(str(tmp_path / "again" / "model.safetensors")), load_file(str(exported / "model.safetensors"))
+    assert ours.keys() == theirs.keys() and all((ours[k] == theirs[k]).all() for k in ours)
     rl = train(*TINY_RUN, "--num-rollout", "1", "--hf-checkpoint", str(exported),
                "--output-dir", str(tmp_path / "rl"), cwd=tmp_path)
     assert rl.returncode == 0, rl.stderr[-3000:]
@@ -335,25 +344,64 @@ def test_a_plugin_that_fails_every_sample_stops_the_run_and_says_why(tmp_path):
 
 def test_a_lora_run_trains_resumes_and_exports_a_peft_adapter(tmp_path):
     """`train.py --lora-rank 8`: the embedded engine samples from the merged weights after each
-    step, the run resumes with --load, and every --save-hf export holds the merged model and
-    the adapter in PEFT's format."""
+    step and the run resumes with --load. Without --save-hf the last lines say how to export;
+    with it each save is exported as merged/ (the model) and adapter/ (PEFT's format) with the
+    built-in base beside it; `agentrl export` writes the same export from the checkpoint; and
+    peft puts the adapter on the base, not on merged/, to get merged/'s model."""
+    import peft
+    import torch
+    import transformers
+    from safetensors.torch import load_file
+
     rm = tmp_path / "rm.py"  # a reward with spread, so the adapters get real gradients
     rm.write_text("def rm(args, sample):\n    return float(len(sample.response) % 3 == 0)\n")
     command = [*TINY_RUN, "--lora-rank", "8", "--lora-alpha", "16", "--lr", "1e-3", "--no-use-ray",
                "--custom-rm-path", str(rm), "--rollout-temperature", "1.0", "--n-samples-per-prompt", "4",
-               "--no-progress", "--save-hf", str(tmp_path / "hf"), "--output-dir", str(tmp_path / "run")]
+               "--no-progress", "--output-dir", str(tmp_path / "run")]
     first = train(*command, "--num-rollout", "1", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
-    more = train(*command, "--num-rollout", "2", "--load", str(tmp_path / "run"), cwd=tmp_path)
+    assert f"`agentrl export {tmp_path / 'run'} --hf DIR` writes the newest" in first.stdout
+    more = train(*command, "--num-rollout", "2", "--load", str(tmp_path / "run"),
+                 "--save-hf", str(tmp_path / "hf"), cwd=tmp_path)
     assert more.returncode == 0, more.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["rollout_id"] for r in rows] == [0, 1] and any(r["train/grad_norm"] > 0 for r in rows)
-    for rollout in ("rollout_00001", "rollout_00002"):
-        adapter = tmp_path / "hf" / rollout / "adapter"
-        config = json.loads((adapter / "adapter_config.json").read_text())
-        assert config["r"] == 8 and config["peft_type"] == "LORA"
-        assert (adapter / "adapter_model.safetensors").is_file()
-        assert (tmp_path / "hf" / rollout / "model.safetensors").is_file()
+    saved = tmp_path / "hf" / "rollout_00002"
+    assert f"exported (Hugging Face folders, --save-hf): {saved} (the model: merged/" in more.stdout
+    assert sorted(p.name for p in saved.iterdir()) == ["README.md", "adapter", "base", "merged"]
+    assert not (saved / "merged" / "adapter_config.json").exists()  # nothing invites a second application
+    config = json.loads((saved / "adapter" / "adapter_config.json").read_text())
+    assert config["r"] == 8 and config["peft_type"] == "LORA"
+    assert config["base_model_name_or_path"] == "../base"  # the built-in model, saved beside it
+    assert "do not load `adapter/` onto it" in (saved / "README.md").read_text()
+
+    done = subprocess.run([sys.executable, "-m", "agentrl", "export", str(tmp_path / "run"),
+                           "--hf", str(tmp_path / "exported")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "agentrl export: " in done.stdout and "README.md says which folder is which" in done.stdout
+    exported = tmp_path / "exported"
+    for part in ("merged/model.safetensors", "adapter/adapter_model.safetensors"):
+        ours, theirs = load_file(str(exported / part)), load_file(str(saved / part))
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+    ids = torch.tensor([[5, 17, 42, 7, 99, 3]])
+    def logits(model):
+        with torch.no_grad():
+            return model.eval()(input_ids=ids).logits
+    load = transformers.AutoModelForCausalLM.from_pretrained
+    merged = logits(load(exported / "merged", dtype=torch.float32))
+    on_base = logits(peft.PeftModel.from_pretrained(load(exported / "base", dtype=torch.float32),
+                                                    str(exported / "adapter")))
+    assert torch.allclose(on_base, merged, atol=1e-4)
+    twice = logits(peft.PeftModel.from_pretrained(load(exported / "merged", dtype=torch.float32),
+                                                  str(exported / "adapter")))
+    assert not torch.allclose(twice, merged, atol=1e-4)  # what the layout keeps users from doing
+    refused = subprocess.run([sys.executable, "-m", "agentrl", "eval", "--env", "calc", "--policy", "model",
+                              "--hf-checkpoint", str(exported)], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=600)
+    assert refused.returncode != 0 and f"its model (the adapters merged in) is {exported / 'merged'}" in refused.stderr
+    assert "Traceback" not in refused.stderr
 
 
 def test_vllm_serves_lora_adapters_pushed_alone(tmp_path):

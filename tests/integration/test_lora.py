@@ -13,6 +13,7 @@ import torch
 
 from agentrl.errors import ConfigError
 from agentrl.models import build_tiny_model
+from agentrl.orchestration.export import export_hf
 from agentrl.rollout.sample import Sample
 from agentrl.trainer.actor import MegatronActor
 from agentrl.trainer.config import TrainerConfig, lora_targets
@@ -178,8 +179,8 @@ def test_the_peft_export_loads_with_peft_onto_the_base_with_the_trainers_logits(
     samples = uneven_samples(4)
     a = actor(**LORA, lora_target_modules="q_proj,k_proj,v_proj,down_proj")
     a.train(samples)
-    a.save_hf(tmp_path / "export")
-    adapter = tmp_path / "export" / "adapter"
+    export = export_hf(a, tmp_path / "export", build_tiny_model(), chat_template=None, lora=True)
+    adapter = export.adapter
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert config["target_modules"] == ["down_proj", "k_proj", "q_proj", "v_proj"]
     assert (config["r"], config["lora_alpha"]) == (4, 8.0)
@@ -196,7 +197,7 @@ def test_the_peft_export_loads_with_peft_onto_the_base_with_the_trainers_logits(
         mask = torch.tensor(s.loss_mask, dtype=torch.bool)
         assert torch.allclose(ours[row, span][mask], theirs[span][mask], atol=1e-4)
     merged = model.merge_and_unload().state_dict()
-    exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32).state_dict()
+    exported = transformers.AutoModelForCausalLM.from_pretrained(export.model, dtype=torch.float32).state_dict()
     for name in ("model.layers.1.self_attn.k_proj.weight", "model.layers.2.mlp.down_proj.weight"):
         assert torch.allclose(merged[name], exported[name], atol=1e-6), name
 

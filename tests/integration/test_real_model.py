@@ -24,6 +24,7 @@ from agentrl.chat import ChatRenderer
 from agentrl.engine import EmbeddedEngine, SamplingParams
 from agentrl.env import make_env
 from agentrl.errors import ChatTemplateError
+from agentrl.orchestration.export import export_hf
 from agentrl.rollout.sample import Sample, Status
 from agentrl.trainer.actor import MegatronActor
 from agentrl.trainer.config import TrainerConfig
@@ -251,10 +252,13 @@ def test_a_lora_runs_peft_export_loads_with_peft_with_the_trainers_logprobs(tmp_
 
     trainer = actor(lora_rank=8, lora_alpha=16.0, lr=1e-3)
     trainer.train(list(samples()))
-    trainer.save_hf(tmp_path / "export", tokenizer_dir=smollm2())
+    export = export_hf(trainer, tmp_path / "export", smollm2(), chat_template=None, lora=True)
+    config = json.loads((export.adapter / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "smollm2-135m-instruct"  # portable: the name
+    assert not (tmp_path / "export" / "base").exists()  # a named model is fetched, not copied
     ours = trainer.logprobs(list(samples()))
     base = response_differences(ours, reference())  # before peft wraps the shared model
-    model = peft.PeftModel.from_pretrained(reference(), str(tmp_path / "export" / "adapter")).eval()
+    model = peft.PeftModel.from_pretrained(reference(), str(export.adapter)).eval()
     try:
         differences = response_differences(ours, model)
     finally:

@@ -55,7 +55,7 @@ def test_a_truncated_trainer_file_falls_back_to_the_previous_checkpoint(
     assert latest_checkpoint(tmp_path, report=reports.append) == older
     assert any(str(newest) in line and "__0_0.distcp is 32 bytes, 64 when it was saved" in line
                for line in reports)
-    assert any(f"resuming from {older}" in line for line in reports)
+    assert any(f"using {older}, the newest complete checkpoint" in line for line in reports)
 
 
 @pytest.mark.parametrize("name", [".metadata", "common.pt"])

@@ -150,6 +150,7 @@ def test_the_last_lines_name_the_exports_or_where_lora_adapters_are(tmp_path: Pa
     assert exported[-1] == f"look at the run: agentrl view {tmp_path}"
     lora = log.ending("ck", [], lora=True)
     assert "the LoRA adapters are only in the checkpoints under ck/ (no --save-hf)" in lora[1]
+    assert f"`agentrl export {tmp_path} --hf DIR` writes the newest" in lora[1]
     assert len(log.ending("ck", [], lora=False)) == 2
 
 
