@@ -8,6 +8,7 @@ import contextlib
 import http.server
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -27,7 +28,14 @@ from agentrl.errors import EnvServerError, EnvServerLost
 from agentrl_envs.openenv.client import describe_server
 from tests.support.distributed import free_port
 from tests.support.leakage import assert_public_only
-from tests.support.openenv_servers import DRIVER, OPENENV_PYTHON, drive, openenv_missing, serve_env
+from tests.support.openenv_servers import (
+    DRIVER,
+    OPENENV_PYTHON,
+    drive,
+    openenv_missing,
+    running,
+    serve_env,
+)
 from tests.support.sandboxes import backend_skip_reason
 
 pytestmark = pytest.mark.skipif(openenv_missing() is not None, reason=str(openenv_missing()))
@@ -333,7 +341,6 @@ def test_episodes_of_a_server_that_went_away_are_played_again_under_fault_tolera
     from agentrl.rollout.runner import RolloutRunner
     from agentrl.rollout.sample import Status
     from tests.support.engines import ScriptedEngine
-    from tests.support.openenv_servers import running
     from tests.support.tokenizers import tiny_tokenizer
 
     port = free_port()
@@ -434,3 +441,35 @@ def test_an_agent_through_the_gateway_plays_a_served_env():
     assert metrics["success_rate"] == 1.0, [s.metadata.get("error") for s in samples]
     assert all(s.metadata["finish"] == "agent" and s.metadata["gateway_calls"] == 2 for s in samples)
     assert metrics["gateway"] == {"segments": 2, "rewrites": 0, "dropped_replies": 0}
+
+
+def test_the_guides_commands_run_as_written(tmp_path):
+    """docs/guides/openenv.md's commands, each as the guide writes it but for the port (a free
+    one for the guide's 8000) and, for train.py, one rollout into a folder of the test's: the
+    server, then train.py and `agentrl eval` against it. The eval command once played the
+    default oracle, which a served env lacks, and failed every episode."""
+    import sys
+
+    from tests.support.doc_commands import REPO, bash_commands
+
+    guide = [c for w, c in bash_commands() if w.startswith("docs/guides/openenv.md:")]
+    [serve] = [c for c in guide if c.startswith(".venv-openenv/bin/python -m agentrl serve-env calc")]
+    [train] = [c for c in guide if c.startswith("python train.py --env openenv")]
+    [evaluate] = [c for c in guide if c.startswith("python -m agentrl eval --env openenv")]
+    port = str(free_port())
+
+    def as_run(command: str, python: str) -> list[str]:
+        words = shlex.split(command.replace("8000", port))
+        return [python, *words[1:]]
+
+    with running(as_run(serve, str(OPENENV_PYTHON)), port=int(port), cwd=REPO):
+        trained = subprocess.run([*as_run(train, sys.executable), "--num-rollout", "1", "--no-progress",
+                                  "--output-dir", str(tmp_path / "run")],
+                                 cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert trained.returncode == 0, trained.stderr[-3000:]
+        [row] = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+        assert row["rollout/failed"] == 0 and row["rollout/tool_calls"] >= 0
+        evaluated = subprocess.run(as_run(evaluate, sys.executable), cwd=tmp_path, capture_output=True,
+                                   text=True, timeout=600)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert "success rate" in evaluated.stdout and "Traceback" not in evaluated.stderr
