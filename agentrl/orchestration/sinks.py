@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import importlib.util
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -70,19 +71,34 @@ class TensorBoardSink:
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         # Importing the writer (torch, tensorboard) takes seconds: it happens in a thread while
-        # the run starts its other parts, and the first log() waits for it.
-        self._opening: concurrent.futures.Future[Any] | None = _OPENER.submit(self._open)
+        # the run starts its other parts, and the first log() waits for it. A daemon thread,
+        # never joined by close(): a signal that interrupts the main thread inside an import
+        # can leave an import lock held, and the opener then waits on it forever.
+        self._lock = threading.Lock()
+        self._closed = False
+        self._made: Any = None  # the writer, once the opener has made it (under _lock)
+        self._opening: concurrent.futures.Future[None] | None = concurrent.futures.Future()
+        threading.Thread(target=self._open, args=(self._opening,), daemon=True,
+                         name="agentrl-tensorboard").start()
         self._writer: Any = None
 
-    def _open(self) -> Any:
-        from torch.utils.tensorboard import SummaryWriter
+    def _open(self, done: concurrent.futures.Future[None]) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
 
-        return SummaryWriter(log_dir=str(self.log_dir))
+            with self._lock:
+                if not self._closed:  # a closed sink makes no writer (nor its folder, again)
+                    self._made = SummaryWriter(log_dir=str(self.log_dir))
+        except BaseException as exc:  # noqa: BLE001 - handed to the first log()
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
 
     def _wait(self) -> None:
         opening, self._opening = self._opening, None
         if opening is not None:
-            self._writer = opening.result()
+            opening.result()
+            self._writer = self._made
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
         self._wait()
@@ -95,13 +111,13 @@ class TensorBoardSink:
         self._writer.flush()
 
     def close(self) -> None:
-        self._wait()
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-
-
-_OPENER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentrl-tensorboard")
+        """Closes the writer. One still being opened is not waited for: nothing was logged to
+        it (log() waits), and the opener makes none after this."""
+        with self._lock:
+            self._closed = True
+            writer, self._made, self._writer, self._opening = self._made, None, None, None
+        if writer is not None:
+            writer.close()
 
 
 def require_wandb() -> None:

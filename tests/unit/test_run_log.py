@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import types
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from agentrl.errors import ConfigError
 from agentrl.orchestration.flags import RunConfig, parse_args
 from agentrl.orchestration.run_log import RunLog, run_change
-from agentrl.orchestration.sinks import scalars
+from agentrl.orchestration.sinks import TensorBoardSink, scalars
 
 ENV = ["--env", "calc"]
 FLAT = {"rollout/groups": 4, "rollout/samples": 4, "rollout/zero_std_groups": 4, "rollout/reward_mean": 0.0}
@@ -73,6 +74,36 @@ def test_eval_writes_jsonl_and_scalars(tmp_path: Path, capsys: pytest.CaptureFix
     assert shown in capsys.readouterr().out
     with pytest.raises(ValueError, match="step 2"):
         log.eval(3, EVAL)
+
+
+def test_a_sink_closed_while_its_writer_opens_makes_no_writer_after(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: close() waited for the writer's import, which a signal landing inside an
+    import in the main thread can leave blocked forever on an import lock (a SIGINT during
+    start-up hung the run). close() now returns while the import is still under way, and the
+    opener makes no writer after it."""
+    importing, made = threading.Event(), []
+
+    class Writer:
+        def __init__(self, log_dir: str) -> None:
+            made.append(log_dir)
+
+    def slow_import(name: str) -> type:  # the module's attribute, once "imported"
+        importing.wait(timeout=60)
+        return Writer
+
+    module = types.ModuleType("torch.utils.tensorboard")
+    module.__getattr__ = slow_import  # type: ignore[method-assign]
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", module)
+    sink = TensorBoardSink(tmp_path / "tb")
+    opening = sink._opening
+    closing = threading.Thread(target=sink.close)
+    closing.start()
+    closing.join(timeout=30)
+    assert not closing.is_alive()  # returned with the import still under way
+    importing.set()
+    assert opening is not None and opening.result(timeout=60) is None
+    assert made == []
 
 
 def test_no_tensorboard_writes_no_folder(tmp_path: Path) -> None:
