@@ -1,4 +1,5 @@
-"""A supervised warm start of the built-in tiny model on an env's oracle demonstrations.
+"""A supervised warm start on an env's oracle demonstrations: of the built-in tiny model, or of
+``--hf-checkpoint`` (a folder, a named model such as ``smollm2-135m-instruct``, a GGUF file).
 
     python -m agentrl.warm --env swe-tools --env-kwarg level=located \\
         --env-kwarg compact=true --max-turns 5 --steps 400 --out runs/warm
@@ -7,7 +8,8 @@
    episode loop of ``agentrl eval --policy oracle``, in the env's sandboxes), and each solved
    episode is written as a conversation to ``OUT/demonstrations.jsonl`` (one row: the messages
    and the tool schemas the env shows the model). Played once, not at every step.
-2. **Training**: ``train.py --loss-type sft_loss`` on that file, from the built-in tiny model:
+2. **Training**: ``train.py --loss-type sft_loss`` on that file, from the built-in tiny model
+   (or ``--hf-checkpoint``, with ``--chat-template`` when its own renders no tool calls):
    ``--steps`` steps of ``--batch-size`` conversations in shuffled epochs (``--seed``), loss
    on the assistant's tokens only, learning rate ``--lr``; the result is exported as a Hugging
    Face folder, ``OUT/model`` (``--hf-checkpoint OUT/model`` for ``train.py`` and
@@ -63,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--demonstrations", default=None, metavar="FILE",
                         help="train on this demonstrations.jsonl (an earlier warm start's, e.g. the "
                              "shipped checkpoint's) instead of playing the oracle")
+    parser.add_argument("--hf-checkpoint", default=None, metavar="MODEL",
+                        help="the model to warm-start: a Hugging Face folder, a named model "
+                             "(agentrl models list) or a .gguf file (default: the built-in tiny model)")
+    parser.add_argument("--chat-template", default=None, metavar="NAME|FILE",
+                        help="train.py's --chat-template (for a model whose own renders no tool calls)")
     parser.add_argument("--out", required=True, help="output folder (demonstrations, model/, warm.json)")
     return parser
 
@@ -141,6 +148,9 @@ def main(argv: Sequence[str] | None = None) -> int:
              "--seed", str(args.seed), "--rollout-seed", str(args.seed),
              "--save-hf", str(out / "hf"), "--save-interval", str(args.steps),
              "--no-use-ray", "--no-progress", "--output-dir", str(run)]
+    for flag, value in (("--hf-checkpoint", args.hf_checkpoint), ("--chat-template", args.chat_template)):
+        if value is not None:
+            flags += [flag, value]
     played_s, started = time.monotonic() - started, time.monotonic()
     done = subprocess.run([sys.executable, str(TRAIN_PY), *flags])
     trained_s = time.monotonic() - started
@@ -154,6 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     exported.rename(model)
     losses = [json.loads(line)["train/sft_loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     recipe = {"env": args.env, "env_kwarg": args.env_kwarg, "max_turns": args.max_turns,
+              "hf_checkpoint": args.hf_checkpoint, "chat_template": args.chat_template,
               "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
               "limit": args.limit, "demonstrations": written, "tasks_played": played,
               "demonstrations_from": args.demonstrations,  # None: played by the oracle here

@@ -5,9 +5,9 @@ the right type, and programs, make targets and scripts that exist.
 run in a unit test (a training run, a GPU cluster, a server of the user's). This test reads
 every line of every ``bash`` block, marked or not, and hands agentrl's own commands to the
 parsers they would meet: ``train.py``'s, the ``agentrl`` command's (each subcommand's),
-``python -m agentrl.warm``'s. Commands of other programs must be on :data:`EXTERNAL`, so a new
-one is looked at once. The OpenEnv guide's commands also run as written, with the servers they
-need, in tests/integration/test_openenv.py.
+``python -m agentrl.warm``'s and ``python -m agentrl.learn``'s. Commands of other programs must
+be on :data:`EXTERNAL`, so a new one is looked at once. The OpenEnv guide's commands also run
+as written, with the servers they need, in tests/integration/test_openenv.py.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.cli import build_parser as agentrl_parser
+from agentrl.learn import build_parser as learn_parser
 from agentrl.orchestration.flags import build_parser as train_parser
 from agentrl.rollout.config import collect_server_args
 from agentrl.warm import build_parser as warm_parser
@@ -75,6 +76,8 @@ def check(where: str, command: str) -> None:
         _parse(agentrl_parser(), words, where)
     elif program == "python -m agentrl.warm":
         _parse(warm_parser(), words, where)
+    elif program == "python -m agentrl.learn":
+        _parse(learn_parser(), words, where)
     elif program == "make":
         targets = set(re.findall(r"^([a-z][\w-]*):", (REPO / "Makefile").read_text(), re.M))
         if not set(words) <= targets:

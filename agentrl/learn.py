@@ -1,0 +1,162 @@
+"""Does a real model learn here? One recipe, end to end, on tasks it was not shown:
+
+    python -m agentrl.learn --env calc --env-kwarg compact=true --out runs/learn
+
+1. **Zero-shot**: ``agentrl eval --policy model`` of ``--hf-checkpoint`` (SmolLM2-135M-Instruct
+   by default) on ``--eval-limit`` held-out tasks (the env's ``test`` split), greedy, one
+   sample each.
+2. **Warm start**: ``python -m agentrl.warm`` on the oracle's demonstrations of ``train`` tasks
+   (``--warm-steps`` x ``--warm-batch-size`` conversations, lr ``--warm-lr``), then the same
+   evaluation of its model.
+3. **RL**: ``train.py`` with GRPO from the warm start (``--rl-rollouts`` rollouts of
+   ``--rollout-batch-size`` train tasks x ``--n-samples-per-prompt``; ``--lora-rank`` for
+   adapters), exported, then the same evaluation.
+
+Every phase is the command a user would type, run as a child process (its output shows as it
+goes). The recipe prints held-out pass@1 with its standard error after each phase and the
+wall time of each, and writes them to ``OUT/learn.json``; ``agentrl view OUT`` shows the
+three evaluations and the RL run. A phase that already finished (its result file exists) is
+not run again, so a stopped recipe continues where it stopped with the same command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agentrl.config import FlagParser
+from agentrl.errors import AgentRLError, ConfigError
+
+__all__ = ["build_parser", "heldout_figure", "main"]
+
+TRAIN_PY = Path(__file__).resolve().parents[1] / "train.py"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = FlagParser(prog="python -m agentrl.learn", allow_abbrev=False,
+                        description=__doc__.split("\n\n")[0])
+    add = parser.add_argument
+    add("--env", required=True, help="the env: its train split teaches, its test split measures")
+    add("--env-kwarg", action="append", default=[], metavar="KEY=VALUE",
+        help="env constructor argument, for every phase; repeatable")
+    add("--max-turns", type=int, default=None, help="turns per episode (default: the env's)")
+    add("--hf-checkpoint", default="smollm2-135m-instruct", metavar="MODEL",
+        help="the model: a named model, a Hugging Face folder or a .gguf file")
+    add("--chat-template", default=None, metavar="NAME|FILE", help="train.py's --chat-template")
+    add("--eval-limit", type=int, default=200, help="held-out (test) tasks each evaluation plays")
+    add("--warm-steps", type=int, default=60, help="warm-start steps")
+    add("--warm-batch-size", type=int, default=8, help="demonstrations per warm-start step")
+    add("--warm-lr", type=float, default=5e-5, help="warm-start learning rate")
+    add("--rl-rollouts", type=int, default=10, help="GRPO rollouts (one optimizer step each)")
+    add("--rollout-batch-size", type=int, default=8, help="train tasks per rollout")
+    add("--n-samples-per-prompt", type=int, default=4, help="samples per task (GRPO's group)")
+    add("--lr", type=float, default=1e-6, help="RL learning rate")
+    add("--lora-rank", type=int, default=0, help="RL with LoRA adapters of this rank (0: every weight)")
+    add("--rollout-max-response-len", type=int, default=None, help="tokens per turn (default: train.py's)")
+    add("--no-zero-shot", dest="zero_shot", action="store_false",
+        help="skip the zero-shot evaluation (the model's zero-shot figure is already known)")
+    add("--seed", type=int, default=0, help="seed of every phase")
+    add("--out", required=True, help="the recipe's folder")
+    return parser
+
+
+def heldout_figure(eval_json: Path) -> dict[str, Any]:
+    """Pass@1 of one evaluation file (one sample per task) with its standard error,
+    ``sqrt(p (1 - p) / n)``, and the tool calls made."""
+    summary = json.loads(eval_json.read_text(encoding="utf-8"))
+    [metrics] = summary["sets"].values()
+    n, p = metrics["n_samples"], metrics["success_rate"]
+    return {"pass@1": p, "stderr": math.sqrt(p * (1 - p) / n) if n else 0.0, "tasks": n,
+            "tool_calls": metrics["tool_calls"], "tool_errors": metrics["tool_errors"],
+            "wall_s": metrics["wall_s"]}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    for name in ("eval_limit", "warm_steps", "warm_batch_size", "rl_rollouts", "rollout_batch_size"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.n_samples_per_prompt < 2:
+        raise ConfigError("--n-samples-per-prompt must be >= 2: GRPO compares samples of one task")
+    if not TRAIN_PY.is_file():
+        raise ConfigError(f"the recipe runs the repository's train.py, which is not at {TRAIN_PY}: "
+                          "run it from a checkout of agentrl")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    record_path = out / "learn.json"
+    record: dict[str, Any] = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    record["recipe"] = {k: v for k, v in vars(args).items() if k != "out"}
+    env = ["--env", args.env, *(w for kv in args.env_kwarg for w in ("--env-kwarg", kv))]
+    env += ["--max-turns", str(args.max_turns)] if args.max_turns is not None else []
+    template = ["--chat-template", args.chat_template] if args.chat_template else []
+    length = (["--rollout-max-response-len", str(args.rollout_max_response_len)]
+              if args.rollout_max_response_len else [])
+
+    def phase(name: str, done: Path, command: list[str]) -> None:
+        if done.exists():
+            print(f"learn: {name}: done before ({done})", flush=True)
+            return
+        print(f"learn: {name}: {' '.join(command)}", flush=True)
+        started = time.monotonic()
+        if subprocess.run(command).returncode != 0:
+            raise AgentRLError(f"the {name} phase failed; its output is above, its files in {out}")
+        record.setdefault("minutes", {})[name] = round((time.monotonic() - started) / 60, 1)
+        record_path.write_text(json.dumps(record, indent=1) + "\n")
+
+    def evaluate(name: str, model: str) -> None:
+        path = out / f"eval-{name}.json"
+        phase(f"eval {name}", path, [
+            sys.executable, "-m", "agentrl", "eval", *env, "--policy", "model", "--hf-checkpoint", model,
+            *template, *length, "--split", "test", "--limit", str(args.eval_limit), "--n-samples", "1",
+            "--temperature", "0", "--rollout-seed", str(args.seed), "--output", str(path)])
+        record.setdefault("heldout", {})[name] = heldout_figure(path)
+        record_path.write_text(json.dumps(record, indent=1) + "\n")
+
+    if args.zero_shot:
+        evaluate("zero-shot", args.hf_checkpoint)
+    warm = out / "warm"
+    phase("warm start", warm / "warm.json", [
+        sys.executable, "-m", "agentrl.warm", *env, "--hf-checkpoint", args.hf_checkpoint, *template,
+        "--steps", str(args.warm_steps), "--batch-size", str(args.warm_batch_size),
+        "--lr", str(args.warm_lr), "--seed", str(args.seed),
+        "--limit", str(args.warm_steps * args.warm_batch_size), "--out", str(warm)])
+    evaluate("warm", str(warm / "model"))
+    rl = out / "rl"
+    exported = rl / "hf" / f"rollout_{args.rl_rollouts:05d}"
+    phase("RL", exported, [
+        sys.executable, str(TRAIN_PY), *env, "--hf-checkpoint", str(warm / "model"), *template, *length,
+        "--num-rollout", str(args.rl_rollouts), "--rollout-batch-size", str(args.rollout_batch_size),
+        "--n-samples-per-prompt", str(args.n_samples_per_prompt), "--lr", str(args.lr),
+        "--lora-rank", str(args.lora_rank), "--seed", str(args.seed), "--rollout-seed", str(args.seed),
+        "--rollout-shuffle", "--save-hf", str(rl / "hf"), "--no-use-ray", "--no-progress",
+        "--output-dir", str(rl)])
+    evaluate("RL", str(exported / "merged" if args.lora_rank else exported))
+
+    heldout = record["heldout"]
+    print(f"\nheld-out pass@1 on {args.env} ({args.eval_limit} test tasks, greedy):")
+    for name in ("zero-shot", "warm", "RL"):
+        if name not in heldout:
+            continue
+        figure = heldout[name]
+        print(f"  {name:<10} {figure['pass@1']:.3f} +- {figure['stderr']:.3f}"
+              f"   ({figure['tool_calls']} tool calls)")
+    gain = heldout["RL"]["pass@1"] - heldout["warm"]["pass@1"]
+    print(f"  RL over the warm start: {gain:+.3f}")
+    print("minutes: " + ", ".join(f"{k} {v}" for k, v in record.get("minutes", {}).items()))
+    print(f"all of it: {record_path}; look at it: agentrl view {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except AgentRLError as exc:
+        print(f"agentrl.learn: error: {exc}", file=sys.stderr)
+        sys.exit(1)
