@@ -15,8 +15,9 @@
 Every phase is the command a user would type, run as a child process (its output shows as it
 goes). The recipe prints held-out pass@1 with its standard error after each phase and the
 wall time of each, and writes them to ``OUT/learn.json``; ``agentrl view OUT`` shows the
-three evaluations and the RL run. A phase that already finished (its result file exists) is
-not run again, so a stopped recipe continues where it stopped with the same command.
+three evaluations and the RL run. ``learn.json`` records each phase once it has finished: the
+same command again skips those and starts the first unfinished phase afresh (what a stopped
+run of it left is removed); another recipe in the same ``--out`` is refused.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -78,6 +81,35 @@ def heldout_figure(eval_json: Path) -> dict[str, Any]:
             "wall_s": metrics["wall_s"]}
 
 
+def _record_for(path: Path, recipe: dict[str, Any]) -> dict[str, Any]:
+    """``learn.json`` to go on with: the earlier one if it was made by the same recipe, a new
+    one if there is none.
+
+    Raises:
+        ConfigError: The folder holds another recipe's phases; names the flags that differ.
+    """
+    fresh = {"recipe": recipe, "done": [], "minutes": {}, "heldout": {}}
+    if not path.is_file():
+        return fresh
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+        before = dict(earlier["recipe"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"--out: {path} cannot be read ({exc}); give another --out") from None
+    changed = sorted(k for k in {*before, *recipe} if before.get(k) != recipe.get(k))
+    if changed:
+        flags = ", ".join(f"--{k.replace('_', '-')} {before.get(k)!r} -> {recipe.get(k)!r}" for k in changed)
+        raise ConfigError(f"--out {path.parent} holds a recipe with other flags ({flags}): its phases "
+                          "would not be this recipe's; give another --out, or the same flags to go on")
+    return {**fresh, **earlier}
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    staging = path.with_name(path.name + ".tmp")
+    staging.write_text(text, encoding="utf-8")
+    staging.replace(path)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     for name in ("eval_limit", "warm_steps", "warm_batch_size", "rl_rollouts", "rollout_batch_size"):
@@ -89,26 +121,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ConfigError(f"the recipe runs the repository's train.py, which is not at {TRAIN_PY}: "
                           "run it from a checkout of agentrl")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    recipe = {k: v for k, v in vars(args).items() if k != "out"}
     record_path = out / "learn.json"
-    record: dict[str, Any] = json.loads(record_path.read_text()) if record_path.is_file() else {}
-    record["recipe"] = {k: v for k, v in vars(args).items() if k != "out"}
+    record = _record_for(record_path, recipe)
+    out.mkdir(parents=True, exist_ok=True)
     env = ["--env", args.env, *(w for kv in args.env_kwarg for w in ("--env-kwarg", kv))]
     env += ["--max-turns", str(args.max_turns)] if args.max_turns is not None else []
     template = ["--chat-template", args.chat_template] if args.chat_template else []
     length = (["--rollout-max-response-len", str(args.rollout_max_response_len)]
               if args.rollout_max_response_len else [])
 
-    def phase(name: str, done: Path, command: list[str]) -> None:
-        if done.exists():
-            print(f"learn: {name}: done before ({done})", flush=True)
+    def phase(name: str, outputs: Path, command: list[str]) -> None:
+        """Runs one phase unless learn.json records it done; what an unfinished run of it left
+        (``outputs``) is removed first, so it starts clean."""
+        if name in record["done"]:
+            print(f"learn: {name}: done before", flush=True)
             return
-        print(f"learn: {name}: {' '.join(command)}", flush=True)
+        if outputs.is_dir():
+            shutil.rmtree(outputs)
+        elif outputs.exists():
+            outputs.unlink()
+        print(f"learn: {name}: {shlex.join(command)}", flush=True)
         started = time.monotonic()
         if subprocess.run(command).returncode != 0:
-            raise AgentRLError(f"the {name} phase failed; its output is above, its files in {out}")
-        record.setdefault("minutes", {})[name] = round((time.monotonic() - started) / 60, 1)
-        record_path.write_text(json.dumps(record, indent=1) + "\n")
+            raise AgentRLError(f"the {name} phase failed; its output is above, its files in {outputs}")
+        record["minutes"][name] = round((time.monotonic() - started) / 60, 1)
+        record["done"].append(name)
+        _write_atomically(record_path, json.dumps(record, indent=1) + "\n")
 
     def evaluate(name: str, model: str) -> None:
         path = out / f"eval-{name}.json"
@@ -116,13 +155,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.executable, "-m", "agentrl", "eval", *env, "--policy", "model", "--hf-checkpoint", model,
             *template, *length, "--split", "test", "--limit", str(args.eval_limit), "--n-samples", "1",
             "--temperature", "0", "--rollout-seed", str(args.seed), "--output", str(path)])
-        record.setdefault("heldout", {})[name] = heldout_figure(path)
-        record_path.write_text(json.dumps(record, indent=1) + "\n")
+        if name not in record["heldout"]:
+            record["heldout"][name] = heldout_figure(path)
+            _write_atomically(record_path, json.dumps(record, indent=1) + "\n")
 
     if args.zero_shot:
         evaluate("zero-shot", args.hf_checkpoint)
     warm = out / "warm"
-    phase("warm start", warm / "warm.json", [
+    phase("warm start", warm, [
         sys.executable, "-m", "agentrl.warm", *env, "--hf-checkpoint", args.hf_checkpoint, *template,
         "--steps", str(args.warm_steps), "--batch-size", str(args.warm_batch_size),
         "--lr", str(args.warm_lr), "--seed", str(args.seed),
@@ -130,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     evaluate("warm", str(warm / "model"))
     rl = out / "rl"
     exported = rl / "hf" / f"rollout_{args.rl_rollouts:05d}"
-    phase("RL", exported, [
+    phase("RL", rl, [
         sys.executable, str(TRAIN_PY), *env, "--hf-checkpoint", str(warm / "model"), *template, *length,
         "--num-rollout", str(args.rl_rollouts), "--rollout-batch-size", str(args.rollout_batch_size),
         "--n-samples-per-prompt", str(args.n_samples_per_prompt), "--lr", str(args.lr),
@@ -160,3 +200,7 @@ if __name__ == "__main__":
     except AgentRLError as exc:
         print(f"agentrl.learn: error: {exc}", file=sys.stderr)
         sys.exit(1)
+    except KeyboardInterrupt:
+        print("agentrl.learn: stopped; the same command goes on from the first unfinished phase",
+              file=sys.stderr)
+        sys.exit(130)

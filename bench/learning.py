@@ -103,8 +103,10 @@ def one_seed(seed: int, args: argparse.Namespace, out: Path) -> dict[str, float]
                              "--rollout-batch-size", "8", "--n-samples-per-prompt", "8", "--lr", "3e-4", *flags,
                              "--rollout-shuffle", "--save-hf", str(run / f"{name}-hf"),
                              "--save-interval", str(args.grpo_rollouts), "--output-dir", str(run / name)])
-        return seconds, held_out_success(run / f"{name}-hf" / f"rollout_{args.grpo_rollouts:05d}",
-                                         args.eval_tasks, args.eval_samples)
+        export = run / f"{name}-hf" / f"rollout_{args.grpo_rollouts:05d}"
+        if "--lora-rank" in flags:  # a LoRA export: the model is merged/, beside the adapters
+            export = export / "merged"
+        return seconds, held_out_success(export, args.eval_tasks, args.eval_samples)
 
     grpo_s, after = grpo("grpo")
     print(f"seed {seed}: warm start {before:.3f} -> GRPO {after:.3f} (SFT {sft_s:.0f} s, "

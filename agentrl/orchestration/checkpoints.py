@@ -187,8 +187,8 @@ def latest_checkpoint(root: str | Path, report: Callable[[str], None] | None = _
         skipped.append(f"{folder.name}: {problem}")
         if report is not None:
             report(f"{flag}: checkpoint {folder} is damaged and skipped: {problem}")
-    raise ConfigError(f"{flag} {str(root)!r}: no complete checkpoint there ("
-                      + "; ".join(skipped) + "); pass another --load, or drop it to start afresh")
+    advice = "pass another --load, or drop it to start afresh" if flag == "--load" else "pass another checkpoint"
+    raise ConfigError(f"{flag} {str(root)!r}: no complete checkpoint there (" + "; ".join(skipped) + f"); {advice}")
 
 
 def resume_advice(root: str | Path, argv: Sequence[str], prog: str = "train.py") -> str:

@@ -12,9 +12,11 @@ folder and the export says which is which in a ``README.md``::
     <export>/base/      that base model, when it is agentrl's own (the built-in tiny model, a
                         shipped warm start, a converted GGUF file), hard-linked where possible
 
-The adapter's ``base_model_name_or_path`` works on another machine: a named model's name
-(``smollm2-135m-instruct``: ``agentrl models get`` fetches it), ``../base`` for a base saved
-beside it, or else the base folder's path relative to the adapter folder.
+The adapter's ``base_model_name_or_path`` names no folder of the machine that trained it: a
+named model's name (``smollm2-135m-instruct``: ``agentrl models get`` fetches it), ``../base``
+for a base saved beside it, or else the base folder's path relative to the adapter folder. These
+are agentrl's conventions (PEFT would read a relative path against the working directory and a
+name as a Hub id): the export's README shows how to load the base.
 """
 
 from __future__ import annotations
@@ -130,8 +132,9 @@ def export_hf(actor: Any, out_dir: str | Path, checkpoint: str | Path, *,
 
 def export_run(run: str | Path, out_dir: str | Path, *, checkpoint: str | Path | None = None) -> Export:
     """``agentrl export``: the newest complete checkpoint of a run (or ``checkpoint``) exported
-    as ``--save-hf`` would have, by a trainer in this process at tensor-parallel size 1 (the
-    checkpoints reshard).
+    as ``--save-hf`` would have, by a trainer in this process at tensor-parallel size 1 (Megatron's
+    distributed checkpoints reshard; the model, its optimizer state included, must fit in this
+    process). Paths the run was given relative to where it started are read from there.
 
     Args:
         run: The run's folder (its ``run.json`` says which model and flags it trained with), or
@@ -140,27 +143,38 @@ def export_run(run: str | Path, out_dir: str | Path, *, checkpoint: str | Path |
         checkpoint: A checkpoint, or a ``--save`` folder, to export instead of the run's newest.
 
     Raises:
-        ConfigError: No run, no checkpoint, or the model the run started from is gone; says
-            what to pass.
+        ConfigError: No run, no checkpoint, the model the run started from is gone, or
+            ``out_dir`` is not empty; says what to pass.
     """
-    run_dir, launch = _last_launch(Path(run))
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"agentrl export: --hf {out} is not empty: give a new folder (an export "
+                          "never writes over another)")
+    run_dir, launch = _last_launch(Path(run).absolute())
     flags = dict(launch.get("flags") or {})
-    base = launch.get("policy_dir")
+    started_in = Path(launch.get("cwd") or run_dir)  # what relative paths of the launch meant
+
+    def launched(path: str | None) -> str | None:
+        return None if path is None else str(started_in / Path(path).expanduser())
+
+    base = launched(launch.get("policy_dir"))
     if not base or not (Path(base) / "config.json").is_file():
         raise ConfigError(f"agentrl export: the model run {run_dir} started from ({base}) is not "
                           "there any more: fetch or restore it at that path first")
     if checkpoint is None:
-        given = Path(run)
-        checkpoint = given if given.resolve() != run_dir.resolve() else Path(flags.get("save") or run_dir / "checkpoints")
+        given = Path(run).absolute()
+        checkpoint = given if given != run_dir else Path(launched(flags.get("save")) or run_dir / "checkpoints")
     folder = latest_checkpoint(checkpoint, flag="agentrl export")
+    template = flags.get("chat_template")
+    if template is not None and Path(launched(template) or "").is_file():
+        template = launched(template)  # a file named relative to where the run started
     config = from_namespace(TrainerConfig, argparse.Namespace(**flags), tensor_model_parallel_size=1,
                             sequence_parallel=False, load=None, save=None, save_hf=None)
     from agentrl.trainer.actor import MegatronActor  # megatron-core, torch: only here
 
     actor = MegatronActor(config, hf_checkpoint=base)
     actor.load_checkpoint(folder)
-    return export_hf(actor, out_dir, base, chat_template=flags.get("chat_template"),
-                     lora=bool(config.lora_rank))
+    return export_hf(actor, out, base, chat_template=template, lora=bool(config.lora_rank))
 
 
 def _last_launch(path: Path) -> tuple[Path, dict[str, Any]]:
@@ -175,7 +189,8 @@ def _last_launch(path: Path) -> tuple[Path, dict[str, Any]]:
                 raise ConfigError(f"agentrl export: {record} cannot be read ({exc}): it is the "
                                   "run's record of its model and flags") from None
     raise ConfigError(f"agentrl export: no run.json in {path} or above it: pass the folder of a "
-                      "run train.py made (its --output-dir)")
+                      "run train.py made (its --output-dir), with --checkpoint for checkpoints it "
+                      "saved elsewhere (--save)")
 
 
 def _link_tree(source: Path, target: Path) -> None:
@@ -187,7 +202,9 @@ def _link_tree(source: Path, target: Path) -> None:
         except OSError:
             shutil.copy2(src, dst)
 
-    shutil.copytree(source, target, copy_function=link_or_copy, dirs_exist_ok=True)
+    if target.exists():  # an earlier export's copy: replaced whole (its files may be links to source)
+        shutil.rmtree(target)
+    shutil.copytree(source, target, copy_function=link_or_copy)
 
 
 def _readme(base: AdapterBase) -> str:
@@ -198,11 +215,13 @@ def _readme(base: AdapterBase) -> str:
     elif base.name_or_path in NAMED_MODELS:
         where = (f"the named model `{base.name_or_path}`: `agentrl models get {base.name_or_path}` "
                  "fetches it and prints its folder")
-        load_base = "FOLDER  # agentrl models get " + base.name_or_path
+        load_base = f'get_model("{base.name_or_path}")'
     else:
         where = (f"the folder `{base.name_or_path}`, relative to `{ADAPTER}/` (the model the "
                  "run started from)")
         load_base = f'"{ADAPTER}/{base.name_or_path}"'
+    imports = ("from agentrl.models.catalog import get_model  # fetches and converts it once\n"
+               if base.name_or_path in NAMED_MODELS and base.copy_from is None else "")
     return f"""# A LoRA run's export (agentrl)
 
 - `{MERGED}/`: the trained policy, the adapters merged into its weights. A complete Hugging Face
@@ -215,7 +234,7 @@ The same policy from the base and the adapters (run in this folder):
 ```python
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
-
+{imports}
 base = AutoModelForCausalLM.from_pretrained({load_base})
 policy = PeftModel.from_pretrained(base, "{ADAPTER}")  # equals {MERGED}/
 ```

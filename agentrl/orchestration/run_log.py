@@ -176,6 +176,7 @@ class RunLog:
             with contextlib.suppress(ValueError, OSError):
                 launches = list(json.loads(self.run_path.read_text(encoding="utf-8"))["launches"])
         launches.append({"argv": list(argv), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                         "cwd": os.getcwd(),  # what the relative paths among the flags mean
                          "flags": json.loads(json.dumps(dict(flags), default=str)),
                          "policy_dir": policy_dir})
         staging = self.run_path.with_name(self.run_path.name + ".tmp")

@@ -84,8 +84,10 @@ class TensorBoardSink:
 
     def _open(self, done: concurrent.futures.Future[None]) -> None:
         try:
+            from tensorboard.compat import tf
             from torch.utils.tensorboard import SummaryWriter
 
+            tf.io  # noqa: B018 - a lazy import (tensorflow or its stub): done here, not under the lock
             with self._lock:
                 if not self._closed:  # a closed sink makes no writer (nor its folder, again)
                     self._made = SummaryWriter(log_dir=str(self.log_dir))

@@ -5,6 +5,7 @@ tests/integration/test_real_model.py (SmolLM2)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from agentrl.cli import main
 from agentrl.errors import ConfigError
 from agentrl.models.catalog import MARKER, resolve_checkpoint
-from agentrl.orchestration.export import adapter_base, export_run
+from agentrl.orchestration.export import AdapterBase, _link_tree, _readme, adapter_base, export_run
 
 
 @pytest.fixture
@@ -81,3 +82,31 @@ def test_export_of_a_run_without_checkpoints_is_one_line(tmp_path: Path, capsys:
     err = capsys.readouterr().err
     assert err.startswith("agentrl: error: agentrl export ") and "no checkpoint there" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("base", [
+    AdapterBase("smollm2-135m-instruct", None),
+    AdapterBase("../base", Path("/somewhere/tiny-qwen2-v1")),
+    AdapterBase("../../../models/my-model", None),
+], ids=["named model", "saved beside", "user folder"])
+def test_the_readmes_load_code_is_python_for_every_kind_of_base(base: AdapterBase):
+    text = _readme(base)
+    [code] = re.findall(r"```python\n(.*?)```", text, re.S)
+    compile(code, "README.md", "exec")  # a SyntaxError fails the test
+    assert "do not load `adapter/` onto it" in text
+
+
+def test_a_base_saved_again_over_an_earlier_export_replaces_it(tmp_path: Path):
+    source = tmp_path / "tiny"
+    source.mkdir()
+    (source / "config.json").write_text("{}")
+    for _ in range(2):  # the second copy meets the first one's hard links
+        _link_tree(source, tmp_path / "export" / "base")
+    assert (tmp_path / "export" / "base" / "config.json").read_text() == "{}"
+
+
+def test_export_into_a_folder_that_is_not_empty_is_refused(tmp_path: Path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"--hf .*out is not empty: give a new folder"):
+        export_run(tmp_path, tmp_path / "out")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.errors import ConfigError
-from agentrl.learn import heldout_figure, main
+from agentrl.learn import _record_for, heldout_figure, main
 
 
 def test_the_heldout_figure_is_pass_at_1_with_its_standard_error(tmp_path: Path):
@@ -31,3 +31,16 @@ def test_bad_flags_are_refused_before_anything_runs(tmp_path: Path, flags, messa
     with pytest.raises(ConfigError, match=message):
         main(["--env", "calc", "--out", str(tmp_path / "out"), *flags])
     assert not (tmp_path / "out").exists()
+
+
+def test_another_recipe_in_the_same_folder_is_refused_naming_the_flags(tmp_path: Path):
+    recipe = {"env": "calc", "warm_steps": 60, "seed": 0}
+    (tmp_path / "learn.json").write_text(json.dumps({"recipe": recipe, "done": ["warm start"]}))
+    with pytest.raises(ConfigError, match=r"other flags \(--warm-steps 60 -> 4\): its phases would "
+                       r"not be this recipe's; give another --out"):
+        _record_for(tmp_path / "learn.json", {**recipe, "warm_steps": 4})
+    same = _record_for(tmp_path / "learn.json", recipe)
+    assert same["done"] == ["warm start"] and same["heldout"] == {}  # goes on after the warm start
+    (tmp_path / "learn.json").write_text("{")
+    with pytest.raises(ConfigError, match=r"cannot be read .* give another --out"):
+        _record_for(tmp_path / "learn.json", recipe)
