@@ -54,13 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="the model: a named model, a Hugging Face folder or a .gguf file")
     add("--chat-template", default=None, metavar="NAME|FILE", help="train.py's --chat-template")
     add("--eval-limit", type=int, default=200, help="held-out (test) tasks each evaluation plays")
-    add("--warm-steps", type=int, default=60, help="warm-start steps")
+    add("--warm-steps", type=int, default=3, help="warm-start steps (3: enough to call the tool, "
+        "leaving RL room on calc; 60 saturate it)")
     add("--warm-batch-size", type=int, default=8, help="demonstrations per warm-start step")
-    add("--warm-lr", type=float, default=5e-5, help="warm-start learning rate")
-    add("--rl-rollouts", type=int, default=10, help="GRPO rollouts (one optimizer step each)")
+    add("--warm-lr", type=float, default=1e-4, help="warm-start learning rate")
+    add("--rl-rollouts", type=int, default=16, help="GRPO rollouts (one optimizer step each)")
     add("--rollout-batch-size", type=int, default=8, help="train tasks per rollout")
     add("--n-samples-per-prompt", type=int, default=4, help="samples per task (GRPO's group)")
-    add("--lr", type=float, default=1e-6, help="RL learning rate")
+    add("--lr", type=float, default=5e-6, help="RL learning rate")
     add("--lora-rank", type=int, default=0, help="RL with LoRA adapters of this rank (0: every weight)")
     add("--rollout-max-response-len", type=int, default=None, help="tokens per turn (default: train.py's)")
     add("--no-zero-shot", dest="zero_shot", action="store_false",

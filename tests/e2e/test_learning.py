@@ -36,7 +36,7 @@ def test_a_short_warm_start_teaches_smollm2_held_out_calc_and_rl_keeps_it(tmp_pa
         [sys.executable, "-m", "agentrl.learn", "--env", "calc", "--env-kwarg", "compact=true",
          "--hf-checkpoint", NAME, "--no-zero-shot", "--eval-limit", str(TASKS),
          "--warm-steps", "4", "--warm-batch-size", "8", "--warm-lr", "1e-4",
-         "--rl-rollouts", "1", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+         "--rl-rollouts", "1", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--lr", "1e-6",
          "--seed", "0", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
