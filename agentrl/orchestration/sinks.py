@@ -84,8 +84,12 @@ class TensorBoardSink:
 
     def _open(self, done: concurrent.futures.Future[None]) -> None:
         try:
-            from tensorboard.compat import tf
-            from torch.utils.tensorboard import SummaryWriter
+            # torch first, holding no other import lock: a thread that imports torch while
+            # another does waits for it, but one holding, say, numpy's lock while torch's
+            # import needs it can be handed a half-initialised module (a "circular import").
+            from torch.utils.tensorboard import SummaryWriter  # isort: skip
+
+            from tensorboard.compat import tf  # isort: skip
 
             tf.io  # noqa: B018 - a lazy import (tensorflow or its stub): done here, not under the lock
             with self._lock:
