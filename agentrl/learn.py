@@ -45,29 +45,39 @@ TRAIN_PY = Path(__file__).resolve().parents[1] / "train.py"
 def build_parser() -> argparse.ArgumentParser:
     parser = FlagParser(prog="python -m agentrl.learn", allow_abbrev=False,
                         description=__doc__.split("\n\n")[0])
-    add = parser.add_argument
-    add("--env", required=True, help="the env: its train split teaches, its test split measures")
-    add("--env-kwarg", action="append", default=[], metavar="KEY=VALUE",
-        help="env constructor argument, for every phase; repeatable")
-    add("--max-turns", type=int, default=None, help="turns per episode (default: the env's)")
-    add("--hf-checkpoint", default="smollm2-135m-instruct", metavar="MODEL",
-        help="the model: a named model, a Hugging Face folder or a .gguf file")
-    add("--chat-template", default=None, metavar="NAME|FILE", help="train.py's --chat-template")
-    add("--eval-limit", type=int, default=200, help="held-out (test) tasks each evaluation plays")
-    add("--warm-steps", type=int, default=3, help="warm-start steps (3: enough to call the tool, "
-        "leaving RL room on calc; 60 saturate it)")
-    add("--warm-batch-size", type=int, default=8, help="demonstrations per warm-start step")
-    add("--warm-lr", type=float, default=1e-4, help="warm-start learning rate")
-    add("--rl-rollouts", type=int, default=16, help="GRPO rollouts (one optimizer step each)")
-    add("--rollout-batch-size", type=int, default=8, help="train tasks per rollout")
-    add("--n-samples-per-prompt", type=int, default=4, help="samples per task (GRPO's group)")
-    add("--lr", type=float, default=5e-6, help="RL learning rate")
-    add("--lora-rank", type=int, default=0, help="RL with LoRA adapters of this rank (0: every weight)")
-    add("--rollout-max-response-len", type=int, default=None, help="tokens per turn (default: train.py's)")
-    add("--no-zero-shot", dest="zero_shot", action="store_false",
-        help="skip the zero-shot evaluation (the model's zero-shot figure is already known)")
-    add("--seed", type=int, default=0, help="seed of every phase")
-    add("--out", required=True, help="the recipe's folder")
+    parser.add_argument("--env", required=True,
+                        help="the env: its train split teaches, its test split measures")
+    parser.add_argument("--env-kwarg", action="append", default=[], metavar="KEY=VALUE",
+                        help="env constructor argument, for every phase; repeatable")
+    parser.add_argument("--max-turns", type=int, default=None,
+                        help="turns per episode (default: the env's)")
+    parser.add_argument("--hf-checkpoint", default="smollm2-135m-instruct", metavar="MODEL",
+                        help="the model: a named model, a Hugging Face folder or a .gguf file")
+    parser.add_argument("--chat-template", default=None, metavar="NAME|FILE",
+                        help="train.py's --chat-template")
+    parser.add_argument("--eval-limit", type=int, default=200,
+                        help="held-out (test) tasks each evaluation plays")
+    parser.add_argument("--warm-steps", type=int, default=3,
+                        help="warm-start steps (3: enough to call the tool, leaving RL room on "
+                             "calc; 60 saturate it)")
+    parser.add_argument("--warm-batch-size", type=int, default=8,
+                        help="demonstrations per warm-start step")
+    parser.add_argument("--warm-lr", type=float, default=1e-4, help="warm-start learning rate")
+    parser.add_argument("--rl-rollouts", type=int, default=16,
+                        help="GRPO rollouts (one optimizer step each)")
+    parser.add_argument("--rollout-batch-size", type=int, default=8, help="train tasks per rollout")
+    parser.add_argument("--n-samples-per-prompt", type=int, default=4,
+                        help="samples per task (GRPO's group)")
+    parser.add_argument("--lr", type=float, default=5e-6, help="RL learning rate")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="RL with LoRA adapters of this rank (0: every weight)")
+    parser.add_argument("--rollout-max-response-len", type=int, default=None,
+                        help="tokens per turn (default: train.py's)")
+    parser.add_argument("--no-zero-shot", dest="zero_shot", action="store_false",
+                        help="skip the zero-shot evaluation (the model's zero-shot figure is "
+                             "already known)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every phase")
+    parser.add_argument("--out", required=True, help="the recipe's folder")
     return parser
 
 
