@@ -84,9 +84,12 @@ class TensorBoardSink:
 
     def _open(self, done: concurrent.futures.Future[None]) -> None:
         try:
-            # torch first, holding no other import lock: a thread that imports torch while
-            # another does waits for it, but one holding, say, numpy's lock while torch's
-            # import needs it can be handed a half-initialised module (a "circular import").
+            # `import torch` alone first: while another thread imports torch, this one then
+            # waits holding no other import lock. Importing torch.utils.tensorboard first held
+            # torch.utils' lock while waiting for torch, whose own import needs torch.utils:
+            # the other thread got a half-initialised torch.utils ("cannot import name
+            # 'set_module' ... circular import").
+            import torch  # noqa: F401  # isort: skip
             from torch.utils.tensorboard import SummaryWriter  # isort: skip
 
             from tensorboard.compat import tf  # isort: skip

