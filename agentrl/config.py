@@ -12,14 +12,16 @@ import dataclasses
 import difflib
 import json
 import re
+import sys
 import types
 import typing
-from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NoReturn, TypeVar
 
-from agentrl.errors import ConfigError
+from agentrl.errors import AgentRLError, ConfigError
 
-__all__ = ["add_arguments", "flag", "from_namespace", "option", "parse_pairs", "unknown_flags_message"]
+__all__ = ["add_arguments", "flag", "from_namespace", "option", "parse_pairs", "run_command",
+           "unknown_flags_message"]
 
 C = TypeVar("C")
 
@@ -145,3 +147,25 @@ def unknown_flags_message(parser: argparse.ArgumentParser, unknown: Sequence[str
                 hints.append(f"{name}: did you mean {close[0]}?")
     hint = f" ({'; '.join(hints)})" if hints else ""
     return f"unrecognized arguments: {' '.join(unknown)}{hint}"
+
+
+def run_command(main: Callable[[], int], prog: str, *, on_interrupt: str | None = None) -> NoReturn:
+    """Runs a ``python -m agentrl.X`` program's ``main`` and exits with its status: our own
+    errors are one line, ``prog: error: ...`` (status 1), never a traceback.
+
+    Args:
+        main: The program; returns its exit status.
+        prog: Its name in the messages.
+        on_interrupt: Printed after ``prog: `` on Ctrl-C (status 130); ``None``: Ctrl-C is
+            not caught.
+    """
+    try:
+        sys.exit(main())
+    except AgentRLError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        if on_interrupt is None:
+            raise
+        print(f"{prog}: {on_interrupt}", file=sys.stderr)
+        sys.exit(130)

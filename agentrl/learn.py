@@ -34,8 +34,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl.config import FlagParser
+from agentrl.config import FlagParser, run_command
 from agentrl.errors import AgentRLError, ConfigError
+from agentrl.orchestration.checkpoints import write_atomically
 
 __all__ = ["build_parser", "heldout_figure", "main"]
 
@@ -115,12 +116,6 @@ def _record_for(path: Path, recipe: dict[str, Any]) -> dict[str, Any]:
     return {**fresh, **earlier}
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    staging = path.with_name(path.name + ".tmp")
-    staging.write_text(text, encoding="utf-8")
-    staging.replace(path)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     for name in ("eval_limit", "warm_steps", "warm_batch_size", "rl_rollouts", "rollout_batch_size"):
@@ -158,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise AgentRLError(f"the {name} phase failed; its output is above, its files in {outputs}")
         record["minutes"][name] = round((time.monotonic() - started) / 60, 1)
         record["done"].append(name)
-        _write_atomically(record_path, json.dumps(record, indent=1) + "\n")
+        write_atomically(record_path, json.dumps(record, indent=1) + "\n")
 
     def evaluate(name: str, model: str) -> None:
         path = out / f"eval-{name}.json"
@@ -168,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "--temperature", "0", "--rollout-seed", str(args.seed), "--output", str(path)])
         if name not in record["heldout"]:
             record["heldout"][name] = heldout_figure(path)
-            _write_atomically(record_path, json.dumps(record, indent=1) + "\n")
+            write_atomically(record_path, json.dumps(record, indent=1) + "\n")
 
     if args.zero_shot:
         evaluate("zero-shot", args.hf_checkpoint)
@@ -206,12 +201,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except AgentRLError as exc:
-        print(f"agentrl.learn: error: {exc}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        print("agentrl.learn: stopped; the same command goes on from the first unfinished phase",
-              file=sys.stderr)
-        sys.exit(130)
+    run_command(main, "agentrl.learn",
+                on_interrupt="stopped; the same command goes on from the first unfinished phase")

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl.config import FlagParser, parse_pairs
+from agentrl.config import FlagParser, parse_pairs, run_command
 from agentrl.env import make_env, task_set_of
 from agentrl.errors import AgentRLError, ConfigError
 from agentrl.eval.command import EvalConfig, evaluate
@@ -181,8 +181,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except AgentRLError as exc:
-        print(f"agentrl.warm: error: {exc}", file=sys.stderr)
-        sys.exit(1)
+    run_command(main, "agentrl.warm")

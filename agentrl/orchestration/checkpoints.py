@@ -28,7 +28,7 @@ from agentrl.errors import ConfigError
 
 __all__ = ["DATA_FILE", "MANIFEST", "PIPELINE_FILE", "checkpoint_folder", "checkpoint_problem",
            "check_resumable", "latest_checkpoint", "mark_latest", "nothing_left", "publish_checkpoint",
-           "read_pipeline_state", "resume_advice"]
+           "read_pipeline_state", "resume_advice", "write_atomically"]
 
 MANIFEST = "manifest.json"
 """``{"files": {relative path: size in bytes}}`` of a sealed checkpoint."""
@@ -66,7 +66,7 @@ def publish_checkpoint(root: str | Path, next_rollout: int, write: Callable[[Pat
     if folder.exists():  # never the marker's: saves go forward from it
         shutil.rmtree(folder)
     staging.rename(folder)
-    _write_atomically(Path(root) / MARKER, folder.name + "\n")
+    write_atomically(Path(root) / MARKER, folder.name + "\n")
     return folder
 
 
@@ -75,7 +75,7 @@ def mark_latest(root: str | Path, folder: Path) -> None:
     checkpoint: for a folder written in place, e.g. by hand (runs use
     :func:`publish_checkpoint`). The marker is written last, atomically."""
     _seal(Path(folder))
-    _write_atomically(Path(root) / MARKER, Path(folder).name + "\n")
+    write_atomically(Path(root) / MARKER, Path(folder).name + "\n")
 
 
 def read_pipeline_state(folder: Path) -> dict[str, Any] | None:
@@ -103,7 +103,7 @@ def _seal(folder: Path) -> None:
     sizes = {str(path.relative_to(folder)): path.stat().st_size
              for path in sorted(folder.rglob("*"))
              if path.is_file() and path.name not in (MANIFEST, MANIFEST + ".tmp")}
-    _write_atomically(folder / MANIFEST, json.dumps({"files": sizes}, indent=1) + "\n")
+    write_atomically(folder / MANIFEST, json.dumps({"files": sizes}, indent=1) + "\n")
 
 
 def checkpoint_problem(folder: Path) -> str | None:
@@ -248,7 +248,9 @@ def _candidates(root: Path) -> list[Path]:
     return [target, *(numbered[n] for n in sorted(numbered, reverse=True) if n < bound)]
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str) -> None:
+    """Replaces ``path`` with ``text`` all at once (a temporary file renamed over it): a reader,
+    or a kill, never sees half a file."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
