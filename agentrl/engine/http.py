@@ -13,7 +13,7 @@ take from here:
   request carries the same rid and sampling seed, so it samples the same tokens); 4xx answers are
   the caller's mistake and are not retried;
 * failover: without a router, a worker that refuses connections is marked down and the request
-  moves to a live one at once; whoever supervises the servers (``agentrl.orchestration.servers``)
+  moves to a live one at once; whoever supervises the servers (``agentrl.placement.servers``)
   restarts it, calls :meth:`HTTPEngine.prepare_worker` and :meth:`HTTPEngine.readmit`;
 * start-up: :meth:`HTTPEngine.connect` waits until every worker answers its health check.
 """
@@ -216,7 +216,7 @@ class HTTPEngine(Engine):
 
     # --- workers --------------------------------------------------------------------------
 
-    # The supervision surface: orchestration's server supervisor checks, marks down, replaces
+    # The supervision surface: agentrl.placement's server supervisor checks, marks down, replaces
     # and readmits workers through these (never through the private HTTP helpers).
 
     async def worker_healthy(self, url: str) -> bool:

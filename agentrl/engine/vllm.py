@@ -35,7 +35,7 @@ Log-probabilities: vLLM reports them before temperature (``--logprobs-mode raw_l
 default) or after temperature and top-k/top-p truncation (``processed_logprobs``). The contract's
 quantity, ``log_softmax(logits / temperature)`` before truncation, is ``processed_logprobs``
 without truncation, or either mode at temperature 1; :func:`logprobs_mode_for` picks the mode a
-run's sampling flags need (``agentrl.orchestration.servers`` starts servers with it).
+run's sampling flags need (``agentrl.placement.servers`` starts servers with it).
 
 Routing, retries, concurrency bounds and failover are
 :class:`~agentrl.engine.http.HTTPEngine`'s, shared with the SGLang client. vLLM has no

@@ -71,7 +71,7 @@ class EnvFactory:
         mcp_pool: Where the run's envs share their ``lifetime="run"`` MCP servers (``None``:
             the factory creates one on first use and closes it in :meth:`aclose`).
         make_sandbox_pools: Makes the pools the factory creates: local sandboxes by default;
-            :class:`agentrl.orchestration.sandbox_hosts.RemoteSandboxPools` puts them on Ray
+            :class:`agentrl.placement.sandbox_hosts.RemoteSandboxPools` puts them on Ray
             nodes (``--sandbox-placement ray``).
         sandbox_retries: How many times an episode whose sandbox was lost (its node died,
             :class:`~agentrl.sandbox.SandboxLost`) is played again from its start

@@ -32,14 +32,14 @@ from agentrl.env import ToolEnv
 from agentrl.errors import ConfigError
 from agentrl.eval.runner import EvalSet, eval_sets, evaluate_sets, write_episodes
 from agentrl.models.catalog import resolve_checkpoint
-from agentrl.orchestration.cluster import ClusterConfig
-from agentrl.orchestration.context import make_rollout_context
-from agentrl.orchestration.interrupts import StopOnSignals
-from agentrl.orchestration.serving import serve_policy
+from agentrl.placement.cluster import ClusterConfig
 from agentrl.rollout.build import env_factory, policy_checkpoint, scripted_context
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.episode import SCRIPTED_POLICIES, ScriptedTurns
 from agentrl.rollout.sample import Sample
+from agentrl.run.context import make_rollout_context
+from agentrl.run.interrupts import StopOnSignals
+from agentrl.run.serving import serve_policy
 
 if TYPE_CHECKING:  # aiohttp is imported only when the openai policy runs
     from agentrl.eval.openai_policy import OpenAITurns

@@ -114,7 +114,7 @@ def resolve_checkpoint(value: str, *, say: Say = _say_on_stderr) -> str:
     path = Path(value).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file() and (path / "merged" / "config.json").is_file():
-            # a LoRA run's export (agentrl/orchestration/export.py): the model is one level down
+            # a LoRA run's export (agentrl/run/export.py): the model is one level down
             raise ConfigError(f"--hf-checkpoint {value}: this is a LoRA run's export; its model "
                               f"(the adapters merged in) is {path / 'merged'}: pass that folder")
         return value

@@ -4,9 +4,10 @@ The stages, in data-flow order:
 
 * :mod:`~agentrl.rollout.data` - prompts as groups of samples (``RolloutDataSource``): JSONL/
   Parquet files or an env's task set; :mod:`~agentrl.rollout.buffer` - the source that serves
-  buffered groups first (``RolloutDataSourceWithBuffer``).
-* :mod:`~agentrl.engine` - the engine contract (SGLang-shaped) and the embedded torch
-  engine.
+  buffered groups first (``RolloutDataSourceWithBuffer``) and ``load_data_source``, which picks
+  a run's source.
+* the turns come from an engine (:mod:`agentrl.engine`, the layer below: the engine contract,
+  the embedded torch engine, the SGLang and vLLM clients).
 * :mod:`~agentrl.rollout.episode` / :mod:`~agentrl.rollout.trajectory` - the one episode loop
   (its turns from the engine, a scripted policy, or a custom generate function),
   token-in/token-out: prompt ids, sampled ids (loss mask 1), env deltas (loss mask 0).
@@ -18,8 +19,8 @@ The stages, in data-flow order:
 
 Evaluation (eval sets, pass@k) plays through the same runner: :mod:`agentrl.eval`.
 
-Imports neither Ray, Megatron nor SGLang; torch and transformers load only with the names that
-need them (the engine, the episode runner).
+Imports neither Ray, Megatron, SGLang nor vLLM; torch and transformers load only with the names
+that need them (the engine, the episode runner).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ _LAZY = {
     "SampleLedger": "agentrl.rollout.ledger",
     "RolloutDataSource": "agentrl.rollout.data",
     "RolloutDataSourceWithBuffer": "agentrl.rollout.buffer",
-    "load_data_source": "agentrl.rollout.data",
+    "load_data_source": "agentrl.rollout.buffer",
     "generate_single": "agentrl.rollout.custom",
     "extract_tool_call": "agentrl.rollout.custom",
     "execute_tool": "agentrl.rollout.custom",

@@ -1,5 +1,6 @@
 """``RolloutDataSourceWithBuffer``: a data source that serves buffered groups (partial
-rollouts, or what a ``--buffer-filter-path`` picks) before fresh ones."""
+rollouts, or what a ``--buffer-filter-path`` picks) before fresh ones; and
+:func:`load_data_source`, which picks a run's data source (``--data-source-path``, else this)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from typing import Any
 from agentrl.env.factory import EnvFactory
 from agentrl.errors import PluginError
 from agentrl.plugins import load_plugin
+from agentrl.rollout._rows import as_rollout_config
+from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.data import RolloutDataSource, check_count
 from agentrl.rollout.sample import Sample
 
-__all__ = ["RolloutDataSourceWithBuffer"]
+__all__ = ["RolloutDataSourceWithBuffer", "load_data_source"]
 
 
 class RolloutDataSourceWithBuffer(RolloutDataSource):
@@ -109,3 +112,27 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
         """Restores position and buffer from :meth:`state_dict` data."""
         super().load_state_dict(state)
         self.buffer = [[Sample.from_dict(s) for s in group] for group in state.get("buffer", [])]
+
+
+def load_data_source(config: RolloutConfig, envs: EnvFactory | None = None) -> RolloutDataSource:
+    """The data source for a run: the class named by ``--data-source-path`` (built as
+    ``cls(args)``, with the config as ``args``), else :class:`RolloutDataSourceWithBuffer` over
+    the run's env factory.
+
+    Raises:
+        PluginError: The plug-in cannot be loaded or lacks ``get_samples``/``add_samples``.
+    """
+    args = config
+    config = as_rollout_config(config)
+    spec = config.data_source_path
+    if not spec:
+        return RolloutDataSourceWithBuffer(config, envs=envs)
+    cls = load_plugin(spec, flag="--data-source-path")
+    if not callable(cls):
+        raise PluginError(f"--data-source-path {spec!r} is not a class")
+    source = cls(args)
+    missing = [m for m in ("get_samples", "add_samples") if not callable(getattr(source, m, None))]
+    if missing:
+        raise PluginError(f"--data-source-path {spec!r}: {type(source).__name__} has no "
+                          f"{', '.join(missing)}; subclass agentrl.rollout.data.RolloutDataSource")
+    return source

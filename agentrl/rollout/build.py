@@ -1,7 +1,7 @@
 """The parts of a rollout made from its config alone: the env factory, the policy engine, the
 sampling parameters, a scripted policy's context and the eval context (the context of a run's
 episodes, which may start a gateway for a black-box agent, is composed above:
-:func:`agentrl.orchestration.context.make_rollout_context`).
+:func:`agentrl.run.context.make_rollout_context`).
 
 Imported on first use: the embedded engine (torch) and the tiny model's builder (``tokenizers``),
 only when a run plays a model here.
@@ -41,7 +41,7 @@ def env_factory(config: RolloutConfig, *, make_sandbox_pools: Callable[[], Sandb
         config: The rollout flags.
         make_sandbox_pools: Makes the envs' sandbox pools (default: local sandboxes;
             ``--sandbox-placement ray`` passes remote ones, see
-            :func:`agentrl.orchestration.sandbox_hosts.placed_env_factory`).
+            :func:`agentrl.placement.sandbox_hosts.placed_env_factory`).
         sandbox_retries: How many times an episode whose sandbox was lost is played again.
 
     Raises:

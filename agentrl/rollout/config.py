@@ -152,7 +152,7 @@ class RolloutConfig:
     vllm_args: dict[str, str | None] = dataclasses.field(default_factory=dict, metadata={"cli": False})
     """``--vllm-X [VALUE]`` flags, ``{"X": VALUE}``: vLLM server arguments (``--X VALUE``) for
     ``--rollout-backend vllm``, over agentrl's defaults
-    (:func:`~agentrl.orchestration.servers.vllm_defaults`)."""
+    (:func:`~agentrl.placement.servers.vllm_defaults`)."""
     rollout_temperature: float = option(1.0, "sampling temperature (0: greedy)")
     rollout_top_p: float = option(1.0, "nucleus sampling mass")
     rollout_top_k: int = option(-1, "top-k sampling (-1: all)")

@@ -39,8 +39,7 @@ from typing import Any
 
 from agentrl.env.factory import EnvFactory
 from agentrl.env.messages import message_problem
-from agentrl.errors import ConfigError, DataError, PluginError
-from agentrl.plugins import load_plugin
+from agentrl.errors import ConfigError, DataError
 from agentrl.rollout._rows import (
     Item,
     Record,
@@ -54,7 +53,6 @@ from agentrl.rollout._rows import (
     shuffle_buffer,
 )
 from agentrl.rollout.build import env_factory
-from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.sample import Sample
 
 __all__ = [
@@ -63,7 +61,6 @@ __all__ = [
     "as_rollout_config",
     "check_count",
     "env_seed",
-    "load_data_source",
     "row_location",
 ]
 
@@ -533,29 +530,3 @@ class RolloutDataSource:
             "shuffle_buffer_size": self.shuffle_buffer_size if self.streaming else None,
             "n_samples_per_prompt": self.n_samples_per_prompt,
         }
-
-
-def load_data_source(config: RolloutConfig, envs: EnvFactory | None = None) -> RolloutDataSource:
-    """The data source for a run: the class named by ``--data-source-path`` (built as
-    ``cls(args)``, with the config as ``args``), else :class:`~agentrl.rollout.buffer.RolloutDataSourceWithBuffer` over
-    the run's env factory.
-
-    Raises:
-        PluginError: The plug-in cannot be loaded or lacks ``get_samples``/``add_samples``.
-    """
-    args = config
-    config = as_rollout_config(config)
-    spec = config.data_source_path
-    if not spec:
-        from agentrl.rollout.buffer import RolloutDataSourceWithBuffer
-
-        return RolloutDataSourceWithBuffer(config, envs=envs)
-    cls = load_plugin(spec, flag="--data-source-path")
-    if not callable(cls):
-        raise PluginError(f"--data-source-path {spec!r} is not a class")
-    source = cls(args)
-    missing = [m for m in ("get_samples", "add_samples") if not callable(getattr(source, m, None))]
-    if missing:
-        raise PluginError(f"--data-source-path {spec!r}: {type(source).__name__} has no "
-                          f"{', '.join(missing)}; subclass agentrl.rollout.data.RolloutDataSource")
-    return source

@@ -51,8 +51,10 @@ from agentrl.trainer.hf_convert import (
     load_hf_weights,
     read_hf_config,
     save_hf_checkpoint,
+    save_peft_adapter,
+    unwrap_model,
 )
-from agentrl.trainer.lora import LoraConfig, add_lora, save_peft_adapter
+from agentrl.trainer.lora import LoraConfig, add_lora
 from agentrl.trainer.model_flags import check_model_flags
 from agentrl.trainer.replica_metrics import importance_ratio_metrics, sum_over_data_parallel
 from agentrl.trainer.schedule import decay_steps, global_rank, load_schedule
@@ -69,7 +71,7 @@ class MegatronActor:
 
     Args:
         config: Trainer flags (validated here). ``--off-policy-correction auto`` is solved by
-            :func:`~agentrl.orchestration.validation.validate_together` from the run's flags;
+            :func:`~agentrl.run.validation.validate_together` from the run's flags;
             a config built without them keeps ``auto`` and gets what it means for fresh samples
             (none; tis with ``--use-tis``).
         hf_checkpoint: Hugging Face directory of the initial weights; ``None`` builds a
@@ -141,7 +143,7 @@ class MegatronActor:
             # after the reference copy: the reference is the base model, without adapters
             self.lora = LoraConfig(config.lora_rank, config.lora_alpha, config.lora_dropout,
                                    lora_targets(config.lora_target_modules), seed=config.seed)
-            add_lora(self.model, self.lora)
+            add_lora(unwrap_model(self.model), self.lora)
         policy_lr = (config.lora_lr or config.lr) if self.lora is not None else config.lr
         self.ddp, self.optimizer, self.scheduler = self._optimizer_for(self.model, policy_lr, total_steps)
         self.critic = None

@@ -4,7 +4,7 @@ The config is frozen: what the flags determine together with other configs (the 
 from ``--rollout-batch-size`` x ``--n-samples-per-prompt``; ``--off-policy-correction auto``,
 from how stale a rollout can be) is solved while the flags are parsed (:func:`batch_shape` and
 :func:`resolve_off_policy_correction`, used by
-:func:`agentrl.orchestration.validation.validate_together`), and a new config carries the
+:func:`agentrl.run.validation.validate_together`), and a new config carries the
 result; nothing writes a field afterwards.
 """
 
@@ -334,7 +334,7 @@ def resolve_off_policy_correction(config: TrainerConfig, *, staleness_can_be_pos
     Args:
         config: The trainer's flags (only read).
         staleness_can_be_positive: Whether a rollout can be sampled by weights older than the
-            trainer's (see ``agentrl.orchestration.validation``).
+            trainer's (see ``agentrl.run.validation``).
 
     Returns:
         ``config`` when its correction is already explicit, else a new config whose

@@ -12,7 +12,8 @@ and a SwiGLU MLP:
 * **Weights.** :func:`load_hf_weights` puts Hugging Face tensors into this process's tensor
   parallel shards; :func:`export_hf_state_dict` gathers them back to Hugging Face names and shapes
   (also what the rollout engine's ``update_weights(state_dict=...)`` takes) and
-  :func:`save_hf_checkpoint` writes a directory ``transformers`` loads.
+  :func:`save_hf_checkpoint` writes a directory ``transformers`` loads;
+  :func:`save_peft_adapter` writes LoRA adapters (:mod:`agentrl.trainer.lora`) as PEFT loads them.
 * **Log-probs.** :func:`vocab_parallel_logprobs` and :func:`vocab_parallel_entropy` (defined in
   :mod:`agentrl.trainer.vocab_parallel`, re-exported here) compute per-token quantities over the
   full vocabulary from one rank's vocab shard of the logits.
@@ -69,6 +70,7 @@ import torch.nn.functional as F
 
 from agentrl.errors import AgentRLError, ConfigError
 from agentrl.models.hf_config import read_safetensors
+from agentrl.trainer.config import LORA_TARGETS
 from agentrl.trainer.hf_spec import (
     ARCHITECTURES,
     SUPPORTED_MODEL_TYPES,
@@ -76,6 +78,7 @@ from agentrl.trainer.hf_spec import (
     padded_vocab_size,
     read_hf_config,
 )
+from agentrl.trainer.lora import LoraConfig, merged_weight
 from agentrl.trainer.megatron_compat import apply_cpu_compat
 from agentrl.trainer.vocab_parallel import vocab_parallel_entropy, vocab_parallel_logprobs
 
@@ -93,6 +96,7 @@ __all__ = [
     "read_hf_config",
     "read_hf_state_dict",
     "save_hf_checkpoint",
+    "save_peft_adapter",
     "transformer_config_from_hf",
     "unwrap_model",
     "vocab_parallel_entropy",
@@ -625,8 +629,6 @@ def _tp_shards(local: torch.Tensor) -> list[torch.Tensor]:
 def _exported(model: Any, name: str) -> torch.Tensor:
     """This rank's value of parameter ``name`` as exported: a weight with LoRA adapters
     (:mod:`agentrl.trainer.lora`) merged into it, any other parameter as it is."""
-    from agentrl.trainer.lora import merged_weight
-
     owner, _, leaf = name.rpartition(".")
     module = model.get_submodule(owner)
     if leaf == "weight":
@@ -673,6 +675,40 @@ def save_hf_checkpoint(
                 src = Path(tokenizer_dir) / name
                 if src.is_file():
                     shutil.copyfile(src, out / name)
+    if dist.is_initialized():
+        dist.barrier()
+    return out
+
+
+def save_peft_adapter(model: Any, config: LoraConfig, out_dir: str | Path, *, base_model: str | None) -> Path:
+    """Writes the adapters in PEFT's format: ``adapter_config.json`` and
+    ``adapter_model.safetensors``, which ``peft.PeftModel.from_pretrained`` loads onto the
+    Hugging Face base model.
+
+    Collective: every rank calls it (the adapters are gathered over tensor parallelism);
+    global rank 0 writes, then all ranks wait for the files.
+
+    Args:
+        model: The adapted model.
+        config: Its adapters.
+        out_dir: Destination folder (created).
+        base_model: The base model's directory or hub name, recorded in the config.
+    """
+    from safetensors.torch import save_file
+
+    state = export_lora_state_dict(model)
+    out = Path(out_dir)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        adapter = {
+            "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
+            "r": config.rank, "lora_alpha": config.alpha, "lora_dropout": config.dropout,
+            "target_modules": sorted(n for n, layer in LORA_TARGETS.items() if layer in config.targets),
+            "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
+            "inference_mode": True, "init_lora_weights": True, "modules_to_save": None,
+        }
+        (out / "adapter_config.json").write_text(json.dumps(adapter, indent=2, sort_keys=True) + "\n")
+        save_file(state, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
     if dist.is_initialized():
         dist.barrier()
     return out

@@ -25,17 +25,18 @@ once per shard, and replicated ones once), and the layer's checkpoint entries sh
 the right axis (a TP=1 checkpoint resumes at TP=2).
 
 Sequence parallelism is not supported with adapters (the actor refuses the two together).
+
+Exported in PEFT's format by :func:`agentrl.trainer.hf_convert.save_peft_adapter`, beside the
+other Hugging Face exports.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import types
 import zlib
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,7 +44,7 @@ import torch.nn.functional as F
 
 from agentrl.errors import ConfigError
 
-__all__ = ["LoraConfig", "add_lora", "lora_modules", "merged_weight", "save_peft_adapter"]
+__all__ = ["LoraConfig", "add_lora", "lora_modules", "merged_weight"]
 
 _ROW_PARALLEL = ("self_attention.linear_proj", "mlp.linear_fc2")
 
@@ -79,18 +80,16 @@ def lora_modules(model: Any) -> Iterator[tuple[str, Any]]:
             yield name, module
 
 
-def add_lora(model: Any, config: LoraConfig) -> int:
-    """Freezes every parameter of ``model`` and adds adapters (trainable) on the target layers
-    of each decoder layer; returns how many layers were adapted.
+def add_lora(gpt: Any, config: LoraConfig) -> int:
+    """Freezes every parameter of ``gpt`` (a ``GPTModel``, unwrapped: see
+    :func:`agentrl.trainer.hf_convert.unwrap_model`) and adds adapters (trainable) on the target
+    layers of each decoder layer; returns how many layers were adapted.
 
     Raises:
         ConfigError: A target layer is missing from the model.
     """
     from megatron.core import parallel_state
 
-    from agentrl.trainer.hf_convert import unwrap_model
-
-    gpt = unwrap_model(model)
     tp = parallel_state.get_tensor_model_parallel_world_size()
     rank = parallel_state.get_tensor_model_parallel_rank()
     for param in gpt.parameters():
@@ -189,41 +188,3 @@ def merged_weight(module: Any) -> torch.Tensor:
         return weight
     delta = module.lora_b.detach().float() @ module.lora_a.detach().float()  # [out(/tp), in(/tp)]
     return (weight.float() + module.lora_scale * delta).to(weight.dtype)
-
-
-def save_peft_adapter(model: Any, config: LoraConfig, out_dir: str | Path, *, base_model: str | None) -> Path:
-    """Writes the adapters in PEFT's format: ``adapter_config.json`` and
-    ``adapter_model.safetensors``, which ``peft.PeftModel.from_pretrained`` loads onto the
-    Hugging Face base model.
-
-    Collective: every rank calls it (the adapters are gathered over tensor parallelism);
-    global rank 0 writes, then all ranks wait for the files.
-
-    Args:
-        model: The adapted model.
-        config: Its adapters.
-        out_dir: Destination folder (created).
-        base_model: The base model's directory or hub name, recorded in the config.
-    """
-    import torch.distributed as dist
-    from safetensors.torch import save_file
-
-    from agentrl.trainer.config import LORA_TARGETS
-    from agentrl.trainer.hf_convert import export_lora_state_dict
-
-    state = export_lora_state_dict(model)
-    out = Path(out_dir)
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        adapter = {
-            "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
-            "r": config.rank, "lora_alpha": config.alpha, "lora_dropout": config.dropout,
-            "target_modules": sorted(n for n, layer in LORA_TARGETS.items() if layer in config.targets),
-            "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
-            "inference_mode": True, "init_lora_weights": True, "modules_to_save": None,
-        }
-        (out / "adapter_config.json").write_text(json.dumps(adapter, indent=2, sort_keys=True) + "\n")
-        save_file(state, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
-    if dist.is_initialized():
-        dist.barrier()
-    return out

@@ -1,7 +1,7 @@
 """``Trainer``: what the training loop and the weight sync need from a trainer.
 
 Two classes satisfy it: :class:`~agentrl.trainer.actor.MegatronActor` (one rank, in this
-process) and :class:`~agentrl.orchestration.cluster.TrainerGroup` (every rank as a Ray actor,
+process) and :class:`~agentrl.placement.cluster.TrainerGroup` (every rank as a Ray actor,
 each call run on all of them, rank 0's answer returned). Code written against ``Trainer`` works
 with either. This module imports neither (nor torch), so annotating with it costs nothing.
 """
@@ -20,7 +20,7 @@ __all__ = ["Trainer"]
 
 @runtime_checkable
 class Trainer(Protocol):
-    """The policy's trainer, as ``train.py`` and :mod:`agentrl.orchestration.weights`
+    """The policy's trainer, as ``train.py`` and :mod:`agentrl.run.weights`
     use it. Every method is a collective over the trainer's ranks."""
 
     def train(self, samples: Sequence[Sample]) -> dict[str, float]:

@@ -264,7 +264,7 @@ def test_a_signal_while_sandboxes_run_a_command_leaks_nothing(signum, backend, t
 # save cut short is the same whichever signal cut it.
 @pytest.mark.parametrize("signum", [pytest.param(signal.SIGTERM, id="SIGTERM")])
 def test_a_signal_to_the_process_group_during_a_save_names_a_complete_checkpoint(signum, tmp_path):
-    from agentrl.orchestration.checkpoints import checkpoint_problem
+    from agentrl.run.checkpoints import checkpoint_problem
 
     saves = tmp_path / "run" / "checkpoints"
     run = train(*swe_run(), *_backend("bwrap"), "--num-rollout", "3", "--save-interval", "1",

@@ -194,7 +194,7 @@ def test_engine_actors_colocated_and_with_weights_on_disk(tmp_path):
 KILL_ENGINE_0 = """
 import sys, time
 import ray
-from agentrl.orchestration.engines import engine_actor_name
+from agentrl.placement.engines import engine_actor_name
 ray.init(address=sys.argv[1], namespace="agentrl")
 deadline = time.monotonic() + 300
 while time.monotonic() < deadline:

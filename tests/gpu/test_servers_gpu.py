@@ -30,7 +30,7 @@ from agentrl.engine.model import read_checkpoint
 from agentrl.engine.sglang import SGLangEngine
 from agentrl.engine.vllm import VLLMEngine
 from agentrl.models import build_tiny_model
-from agentrl.orchestration.servers import _merged, server_command, vllm_defaults
+from agentrl.placement.servers import _merged, server_command, vllm_defaults
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.sample import Sample, Status, Turn
 from tests.support.distributed import free_port

@@ -18,11 +18,11 @@ import pytest
 
 import agentrl_envs  # noqa: F401 - registers the built-in envs
 from agentrl.eval.runner import EvalSet, evaluate_sets
-from agentrl.orchestration.context import make_rollout_context
 from agentrl.rollout.build import env_factory
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.episode import action_text
 from agentrl.rollout.sample import Status
+from agentrl.run.context import make_rollout_context
 from tests.support.engines import ScriptedEngine
 from tests.support.sandboxes import backend_skip_reason
 from tests.support.tokenizers import tiny_tokenizer

@@ -13,8 +13,8 @@ import torch
 
 from agentrl.errors import ConfigError
 from agentrl.models import build_tiny_model
-from agentrl.orchestration.export import export_hf
 from agentrl.rollout.sample import Sample
+from agentrl.run.export import export_hf
 from agentrl.trainer.actor import MegatronActor
 from agentrl.trainer.config import TrainerConfig, lora_targets
 from agentrl.trainer.lora import lora_modules

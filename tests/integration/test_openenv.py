@@ -405,9 +405,9 @@ def test_an_agent_through_the_gateway_plays_a_served_env():
     """The OpenAI SDK example agent, through agentrl's gateway, on served calc: the gateway and
     the episode records work on the openenv env as on calc itself."""
     from agentrl.eval.runner import EvalSet, evaluate_sets
-    from agentrl.orchestration.context import make_rollout_context
     from agentrl.rollout.build import env_factory
     from agentrl.rollout.config import RolloutConfig
+    from agentrl.run.context import make_rollout_context
     from tests.support.engines import ScriptedEngine
     from tests.support.tokenizers import tiny_tokenizer
 

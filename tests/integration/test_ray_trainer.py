@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from agentrl.models import build_tiny_model
-from agentrl.orchestration.cluster import ClusterConfig, TrainerGroup, start_ray
+from agentrl.placement.cluster import ClusterConfig, TrainerGroup, start_ray
 from agentrl.rollout.sample import Sample, Status, Turn
 from agentrl.trainer.actor import MegatronActor
 from agentrl.trainer.config import TrainerConfig
@@ -100,7 +100,7 @@ def test_a_rank_that_raises_our_error_reports_it_without_colour_codes_or_remote_
 @pytest.mark.parametrize("debug", [False, True])
 def test_a_rank_failing_with_a_foreign_error_is_one_line_and_its_traceback_needs_debug(
         ray_session, tmp_path, debug):
-    from agentrl.orchestration.remote_errors import RemoteError
+    from agentrl.placement.remote_errors import RemoteError
 
     garbage = _copy_of_tiny_model(tmp_path, weights=b"\xff" * 4096)  # safetensors refuses it
     group = TrainerGroup(ClusterConfig(), TrainerConfig(), rollout_temperature=1.0,

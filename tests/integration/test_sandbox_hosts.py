@@ -19,8 +19,8 @@ import pytest
 
 from agentrl.chat import ChatRenderer
 from agentrl.engine.base import SamplingParams
-from agentrl.orchestration.cluster import RAY_NAMESPACE, ClusterConfig
-from agentrl.orchestration.sandbox_hosts import (
+from agentrl.placement.cluster import RAY_NAMESPACE, ClusterConfig
+from agentrl.placement.sandbox_hosts import (
     RayHostLauncher,
     RemoteSandboxPools,
     SandboxHosts,

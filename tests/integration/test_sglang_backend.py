@@ -180,10 +180,10 @@ def test_through_the_sglang_router():
 def test_a_server_killed_mid_rollout_loses_no_sample(through_router):
     """Episodes on a server that dies continue on the other (the router retries them, or the
     client fails over): every sample of the rollout is present once and none failed."""
-    from agentrl.orchestration.context import make_rollout_context
     from agentrl.rollout import RolloutRunner, env_factory, load_data_source
     from agentrl.rollout.config import RolloutConfig
     from agentrl.rollout.sample import Status
+    from agentrl.run.context import make_rollout_context
 
     async def scenario(urls: list[str], router_url: str | None, procs: list) -> None:
         engine = await SGLangEngine.connect(urls, router_url=router_url,
@@ -221,8 +221,8 @@ def test_fault_tolerance_restarts_a_dead_server_with_the_latest_weights(tmp_path
     rollout loses no sample, and the server comes back on its port serving the latest weights."""
     import ray
 
-    from agentrl.orchestration.cluster import ClusterConfig, start_ray
-    from agentrl.orchestration.servers import launch_servers
+    from agentrl.placement.cluster import ClusterConfig, start_ray
+    from agentrl.placement.servers import launch_servers
     from agentrl.rollout.config import RolloutConfig
     from tests.support.servers import rollout_with_a_server_killed
 

@@ -493,8 +493,8 @@ def test_fault_tolerance_restarts_a_killed_server_with_the_latest_weights(tmp_pa
 
     import ray
 
-    from agentrl.orchestration.cluster import ClusterConfig, start_ray
-    from agentrl.orchestration.servers import launch_servers
+    from agentrl.placement.cluster import ClusterConfig, start_ray
+    from agentrl.placement.servers import launch_servers
     from tests.support.servers import rollout_with_a_server_killed
 
     cluster = ClusterConfig(rollout_num_gpus=2, use_fault_tolerance=True, rollout_health_check_interval=0.5)
@@ -625,8 +625,8 @@ def test_lora_adapters_alone_reach_vllm_and_it_serves_the_trained_policy(tmp_pat
     """--weight-sync adapter: after a LoRA step only the adapters (PEFT's format) go to a vLLM
     server started with --enable-lora; what it samples then has the trainer's log-probs and the
     new version, and the base weights it serves without adapters are unchanged."""
-    from agentrl.orchestration.servers import vllm_lora_args
-    from agentrl.orchestration.weights import AdapterSync
+    from agentrl.placement.servers import vllm_lora_args
+    from agentrl.run.weights import AdapterSync
     from tests.support.trainer_samples import uneven_samples
 
     actor = MegatronActor(TrainerConfig(lr=1e-2, lora_rank=8, lora_alpha=16.0), hf_checkpoint=build_tiny_model(),

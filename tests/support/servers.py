@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from agentrl.orchestration.context import make_rollout_context
 from agentrl.rollout import RolloutRunner, env_factory, load_data_source
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.sample import Sample, Status
+from agentrl.run.context import make_rollout_context
 
 
 async def rollout_with_a_server_killed(engine: Any, args: RolloutConfig, *, restart_s: float) -> list[Sample]:

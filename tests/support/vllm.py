@@ -1,5 +1,5 @@
 """A real vLLM server on the built-in tiny model, started the way agentrl starts one
-(:func:`agentrl.orchestration.servers.server_command` with :func:`vllm_defaults`), for tests and
+(:func:`agentrl.placement.servers.server_command` with :func:`vllm_defaults`), for tests and
 benchmarks.
 
 vLLM is installed by ``make test`` (``scripts/setup-vllm.sh``); where it is not, the tests that
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from agentrl.models import build_tiny_model
-from agentrl.orchestration.servers import _merged, server_command, vllm_defaults, vllm_model_dir
+from agentrl.placement.servers import _merged, server_command, vllm_defaults, vllm_model_dir
 from agentrl.rollout.config import RolloutConfig
 from tests.support.distributed import free_port
 from tests.support.processes import stop_process_group

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.errors import ConfigError
-from agentrl.orchestration.checkpoints import (
+from agentrl.run.checkpoints import (
     MANIFEST,
     PIPELINE_FILE,
     check_resumable,

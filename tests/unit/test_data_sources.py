@@ -18,8 +18,8 @@ import agentrl
 from agentrl.env import registry
 from agentrl.errors import ConfigError, DataError, PluginError
 from agentrl.rollout import Sample
-from agentrl.rollout.buffer import RolloutDataSourceWithBuffer
-from agentrl.rollout.data import RolloutDataSource, SkippedRow, load_data_source
+from agentrl.rollout.buffer import RolloutDataSourceWithBuffer, load_data_source
+from agentrl.rollout.data import RolloutDataSource, SkippedRow
 
 
 def make_args(**kw: Any) -> argparse.Namespace:

@@ -23,8 +23,8 @@ import pytest
 
 from agentrl.cli import build_parser as agentrl_parser
 from agentrl.learn import build_parser as learn_parser
-from agentrl.orchestration.flags import build_parser as train_parser
 from agentrl.rollout.config import collect_server_args
+from agentrl.run.flags import build_parser as train_parser
 from agentrl.warm import build_parser as warm_parser
 from tests.support.doc_commands import bash_commands
 

@@ -13,7 +13,7 @@ import pytest
 from agentrl.cli import main
 from agentrl.errors import ConfigError
 from agentrl.models.catalog import MARKER, resolve_checkpoint
-from agentrl.orchestration.export import AdapterBase, _link_tree, _readme, adapter_base, export_run
+from agentrl.run.export import AdapterBase, _link_tree, _readme, adapter_base, export_run
 
 
 @pytest.fixture

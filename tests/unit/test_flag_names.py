@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from agentrl.cli import build_parser as build_cli_parser
-from agentrl.orchestration.flags import build_parser as build_train_parser
+from agentrl.run.flags import build_parser as build_train_parser
 
 REPO = Path(__file__).resolve().parents[2]
 # envs/harbor/tasks/ holds task data: the flags there are the tasks' own programs'.
@@ -26,11 +26,11 @@ agentrl.rollout.config.collect_server_args); docstrings write them ``--sglang-X`
 ``--sglang-*``."""
 
 THIRD_PARTY = {
-    # SGLang's server and router (agentrl.orchestration.servers launches them; docstrings
+    # SGLang's server and router (agentrl.placement.servers launches them; docstrings
     # name the server settings that --sglang-* flags reach)
     "--model-path", "--host", "--port", "--tp-size", "--context-length", "--log-level",
     "--prometheus-port", "--worker-urls", "--enable-memory-saver", "--tool-call-parser",
-    # vLLM's OpenAI-compatible server (agentrl.orchestration.servers; --vllm-* flags reach them)
+    # vLLM's OpenAI-compatible server (agentrl.placement.servers; --vllm-* flags reach them)
     "--model", "--tensor-parallel-size", "--enable-scale-out", "--enable-prompt-tokens-details",
     "--logprobs-mode", "--max-model-len", "--dtype", "--kv-cache-memory-bytes",
     "--enforce-eager", "--enable-sleep-mode", "--seed", "--max-num-seqs",

@@ -8,10 +8,10 @@ import collections
 import pytest
 
 from agentrl.eval.metrics import summarize
-from agentrl.orchestration.progress import RunProgress
 from agentrl.rollout.outcomes import outcome_metrics, succeeded
 from agentrl.rollout.runner import batch_metrics
 from agentrl.rollout.sample import Sample, Status
+from agentrl.run.progress import RunProgress
 
 pytestmark = pytest.mark.unit
 

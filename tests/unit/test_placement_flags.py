@@ -10,8 +10,8 @@ import pytest
 
 from agentrl.engine.base import EpisodeAffinity, episode_key
 from agentrl.errors import ConfigError
-from agentrl.orchestration.cluster import ClusterConfig
-from agentrl.orchestration.flags import parse_args
+from agentrl.placement.cluster import ClusterConfig
+from agentrl.run.flags import parse_args
 from agentrl.trainer.protocol import Trainer
 
 
@@ -80,7 +80,7 @@ def test_tensor_parallelism_must_divide_the_ranks(capsys, tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("trainer_class", ["agentrl.trainer.actor:MegatronActor",
-                                           "agentrl.orchestration.cluster:TrainerGroup"])
+                                           "agentrl.placement.cluster:TrainerGroup"])
 def test_both_trainers_have_the_trainer_protocols_methods(trainer_class):
     module, _, name = trainer_class.partition(":")
     cls = getattr(importlib.import_module(module), name)

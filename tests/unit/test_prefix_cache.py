@@ -71,8 +71,8 @@ def test_a_zero_budget_stores_nothing():
 
 
 def test_sglangs_flag_turns_the_embedded_engines_reuse_off():
-    from agentrl.orchestration.serving import prefix_cache_bytes
     from agentrl.rollout.config import RolloutConfig
+    from agentrl.run.serving import prefix_cache_bytes
 
     on = RolloutConfig(env="calc")
     off = RolloutConfig(env="calc", sglang_args={"disable-radix-cache": None})

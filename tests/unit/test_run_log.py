@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from agentrl.errors import ConfigError
-from agentrl.orchestration.flags import RunConfig, parse_args
-from agentrl.orchestration.run_log import RunLog, run_change
-from agentrl.orchestration.sinks import TensorBoardSink, scalars
+from agentrl.run.config import RunConfig
+from agentrl.run.flags import parse_args
+from agentrl.run.run_log import RunLog, run_change
+from agentrl.run.sinks import TensorBoardSink, scalars
 
 ENV = ["--env", "calc"]
 FLAT = {"rollout/groups": 4, "rollout/samples": 4, "rollout/zero_std_groups": 4, "rollout/reward_mean": 0.0}
@@ -320,8 +321,8 @@ def test_progress_counts_episodes_and_draws_bars(tmp_path: Path) -> None:
 
     from rich.console import Console
 
-    from agentrl.orchestration.progress import RunProgress
     from agentrl.rollout.sample import Sample
+    from agentrl.run.progress import RunProgress
 
     screen = io.StringIO()
     progress = RunProgress(2, 4, 1, console=Console(file=screen, force_terminal=True, width=120))

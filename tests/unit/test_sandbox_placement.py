@@ -14,14 +14,14 @@ from agentrl.chat import ChatRenderer
 from agentrl.engine.base import SamplingParams
 from agentrl.env.factory import EnvFactory
 from agentrl.errors import ConfigError
-from agentrl.orchestration.cluster import ClusterConfig
-from agentrl.orchestration.flags import parse_args
-from agentrl.orchestration.sandbox_hosts import NodeInfo, RemoteSandboxPools, SandboxHosts
+from agentrl.placement.cluster import ClusterConfig
+from agentrl.placement.sandbox_hosts import NodeInfo, RemoteSandboxPools, SandboxHosts
 from agentrl.rollout.buffer import RolloutDataSourceWithBuffer
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.episode import Episode, RolloutContext
 from agentrl.rollout.runner import RolloutRunner
 from agentrl.rollout.sample import Sample, Status
+from agentrl.run.flags import parse_args
 from agentrl.sandbox import ExecResult, Limits, SandboxError
 from tests.support.engines import ScriptedEngine
 from tests.support.sandbox_env_ids import ENV_ID, MCP_ENV_ID, run_then_answer

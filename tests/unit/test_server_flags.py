@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from agentrl.errors import ConfigError
-from agentrl.orchestration.flags import parse_args
 from agentrl.rollout.config import RolloutConfig, collect_server_args
+from agentrl.run.flags import parse_args
 
 
 @pytest.fixture(autouse=True)
@@ -46,7 +46,7 @@ def test_unknown_flags_are_still_errors(capsys):
 
 
 def test_server_and_router_command_lines():
-    from agentrl.orchestration.servers import router_command, server_command
+    from agentrl.placement.servers import router_command, server_command
 
     command = server_command("sglang", "/models/q", port=30001, tp_size=2, seed=7,
                              server_args={"mem-fraction-static": "0.8", "enable-memory-saver": None})
@@ -114,7 +114,7 @@ def test_broadcast_weight_sync_needs_sglang(capsys):
 
 
 def test_vllm_command_line_takes_the_defaults_unless_a_flag_overrides_them():
-    from agentrl.orchestration.servers import _merged, server_command, vllm_defaults
+    from agentrl.placement.servers import _merged, server_command, vllm_defaults
 
     rollout = parse_args(["--env", "calc", "--rollout-backend", "vllm", "--rollout-num-gpus", "1",
                           "--vllm-no-enforce-eager", "--vllm-max-num-seqs", "8",
@@ -149,7 +149,7 @@ def test_the_vllm_logprobs_mode_matches_what_the_trainer_recomputes(temperature,
 
 
 def test_adapter_weight_sync_starts_vllm_with_lora():
-    from agentrl.orchestration.servers import vllm_lora_args
+    from agentrl.placement.servers import vllm_lora_args
 
     args = parse_args(["--env", "calc", "--rollout-backend", "vllm", "--rollout-num-gpus", "1",
                        "--weight-sync", "adapter", "--lora-rank", "12"])

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.orchestration.checkpoints import checkpoint_folder, mark_latest
-from agentrl.orchestration.flags import Args, parse_args
-from agentrl.orchestration.run_folder import choose_run_folder, point_latest
+from agentrl.run.checkpoints import checkpoint_folder, mark_latest
+from agentrl.run.config import Args
+from agentrl.run.flags import parse_args
+from agentrl.run.run_folder import choose_run_folder, point_latest
 from agentrl.trainer.config import TrainerConfig, batch_shape
 
 ENV = ["--env", "calc"]  # 4 prompts x 4 samples = 16 samples per rollout by default

@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, Any
 from agentrl._version import __version__
 from agentrl.errors import McpServerError, ToolServerError, ToolTimeoutError
 from agentrl.tools.mcp._server import McpServer
-from agentrl.tools.mcp._tool import McpTool, render_result
-from agentrl.tools.tool import Injected
+from agentrl.tools.mcp._tool import McpCalls, McpTool, render_result
 
 if TYPE_CHECKING:
     from agentrl.sandbox.base import Sandbox
@@ -310,7 +309,7 @@ class McpConnection:
         return f"McpConnection({self.server.label!r}, {state})"
 
 
-class McpEpisode(Injected):
+class McpEpisode(McpCalls):
     """The MCP connections of one episode: what its :class:`McpTool` calls go through (the env
     injects it into the tool context).
 

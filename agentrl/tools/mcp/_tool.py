@@ -1,5 +1,6 @@
-"""``McpTool``: one tool of an MCP server as an agentrl :class:`~agentrl.tools.Tool`, and
-:func:`render_result`, the text the model sees for a call's result.
+"""``McpTool``: one tool of an MCP server as an agentrl :class:`~agentrl.tools.Tool`;
+``McpCalls``, what its calls go through in an episode; and :func:`render_result`, the text the
+model sees for a call's result.
 
 Neither imports the MCP SDK: listings and results are read through their attributes.
 """
@@ -15,7 +16,16 @@ from typing import Any
 
 from agentrl.errors import McpServerError, ToolDefinitionError
 from agentrl.tools.mcp._server import McpServer
-from agentrl.tools.tool import Tool
+from agentrl.tools.tool import Injected, Tool
+
+
+class McpCalls(Injected):
+    """What an :class:`McpTool`'s calls go through in an episode: its connections to the servers.
+    The env injects one into the tool context (:class:`~agentrl.tools.mcp.McpEpisode`)."""
+
+    async def call(self, tool: McpTool, arguments: dict[str, Any]) -> str:
+        """Sends ``tool``'s call to its server and returns the result as the model's text."""
+        raise NotImplementedError
 
 
 class McpTool(Tool):
@@ -85,10 +95,8 @@ class McpTool(Tool):
             ToolDefinitionError: No MCP connections in ``context`` (the tool was called outside
                 an env episode).
         """
-        from agentrl.tools.mcp._client import McpEpisode
-
         self.validate(arguments)
-        episode = context.get(McpEpisode)
+        episode = next((v for v in context.values() if isinstance(v, McpCalls)), None)
         if episode is None:
             raise ToolDefinitionError(
                 f"MCP tool {self.name!r} runs only inside an env episode (ToolEnv.mcp_servers); "

@@ -65,8 +65,8 @@ class TensorSync(WeightSync):
     mode = "tensor"
 
     def __init__(self, engine: Engine, actor: Trainer) -> None:
-        from agentrl.orchestration.cluster import TrainerGroup
-        from agentrl.orchestration.engines import EngineGroup
+        from agentrl.placement.cluster import TrainerGroup
+        from agentrl.placement.engines import EngineGroup
 
         super().__init__(engine, actor)
         # engine actors read rank 0's object-store copy; an in-process engine takes the tensors
@@ -144,7 +144,7 @@ class BroadcastSync(WeightSync):
 
     def __init__(self, engine: Engine, actor: Trainer) -> None:
         from agentrl.engine.sglang import SGLangEngine
-        from agentrl.orchestration.cluster import TrainerGroup
+        from agentrl.placement.cluster import TrainerGroup
 
         if not isinstance(engine, SGLangEngine):
             raise ConfigError("--weight-sync broadcast is for SGLang servers (--rollout-backend sglang*)")
@@ -188,7 +188,7 @@ def weight_sync_for(engine: Engine, actor: Trainer, mode: str, output_dir: str |
 
     Args:
         engine: The rollout's engine (embedded, an engine group, or SGLang servers).
-        actor: The trainer (in this process, or a :class:`~agentrl.orchestration.cluster.
+        actor: The trainer (in this process, or a :class:`~agentrl.placement.cluster.
             TrainerGroup` of Ray actors).
         mode: ``tensor``, ``disk``, ``broadcast``, ``adapter`` or ``auto`` (disk for SGLang
             and vLLM servers, else tensor).

@@ -43,7 +43,7 @@ from agentrl.engine.base import (
     episode_key,
 )
 from agentrl.errors import EngineError
-from agentrl.orchestration.bundles import engine_bundles
+from agentrl.placement.bundles import engine_bundles
 
 __all__ = ["EngineGroup", "engine_actor_name", "launch_engines"]
 

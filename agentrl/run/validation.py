@@ -4,7 +4,7 @@ Each config checks its own flags (``validate()``); what only makes sense togethe
 here, in one place: :func:`validate_together`. :func:`check_files` then reads what ``--load``
 and ``--hf-checkpoint`` point at, so a damaged file is refused before anything heavy starts.
 Both raise :class:`~agentrl.errors.ConfigError` naming the flags and the fix;
-:func:`~agentrl.orchestration.flags.parse_args` calls them once.
+:func:`~agentrl.run.flags.parse_args` calls them once.
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ from agentrl.errors import ConfigError, PluginError
 from agentrl.gateway.agents import FunctionAgent
 from agentrl.models.hf_config import EMBEDDED_MODEL_TYPES, check_safetensors_headers, read_config
 from agentrl.models.tiny import TINY_MODEL_CONFIG
-from agentrl.orchestration.checkpoints import check_resumable, latest_checkpoint
-from agentrl.orchestration.run_folder import RUN_FILES
 from agentrl.plugins import load_plugin
 from agentrl.rollout.custom import load_custom_generate
+from agentrl.run.checkpoints import check_resumable, latest_checkpoint
+from agentrl.run.run_folder import RUN_FILES
 from agentrl.trainer.config import batch_shape, resolve_off_policy_correction
 from agentrl.trainer.hf_spec import SUPPORTED_MODEL_TYPES, read_hf_config
 from agentrl.trainer.model_flags import check_model_flags
 
 if TYPE_CHECKING:
-    from agentrl.orchestration.flags import Args
     from agentrl.rollout.config import RolloutConfig
+    from agentrl.run.config import Args
 
 __all__ = ["GROUP_RELATIVE_ESTIMATORS", "check_files", "check_plugins", "validate_together"]
 

@@ -2,7 +2,7 @@
 serves it for rollouts. The one place that knows every backend.
 
 Start-up overlaps what it can. The trainer's Ray ranks build their models in the background
-until the first call that needs them (:meth:`~agentrl.orchestration.cluster.TrainerGroup.ready`),
+until the first call that needs them (:meth:`~agentrl.placement.cluster.TrainerGroup.ready`),
 and an engine that runs in this process (the embedded default) loads in a thread while Ray
 starts, so the first rollout begins before the trainer is ready.
 
@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.engine.base import Engine
-from agentrl.orchestration.cluster import TrainerGroup, start_ray
-from agentrl.orchestration.engines import launch_engines
-from agentrl.orchestration.flags import Args
-from agentrl.orchestration.remote_errors import readable
+from agentrl.placement.cluster import TrainerGroup, start_ray
+from agentrl.placement.engines import launch_engines
+from agentrl.placement.remote_errors import readable
 from agentrl.rollout.build import load_policy_engine
 from agentrl.rollout.config import RolloutConfig
+from agentrl.run.config import Args
 from agentrl.trainer.protocol import Trainer
 
 __all__ = ["serve_policy", "start_policy", "start_trainer"]
@@ -97,7 +97,7 @@ async def serve_policy(rollout: Any, cluster: Any, checkpoint: str | Path, train
     embedded engine in this process (loaded in a thread). ``--rollout-concurrency`` is split
     evenly over engines."""
     if rollout.rollout_backend != "embedded":
-        from agentrl.orchestration.servers import launch_servers  # imports aiohttp
+        from agentrl.placement.servers import launch_servers  # imports aiohttp
 
         return await launch_servers(rollout, cluster, checkpoint, trainer=trainer, lora_rank=lora_rank)
     if not cluster.engine_actors:

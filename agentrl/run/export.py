@@ -33,7 +33,7 @@ from agentrl.chat.templates import load_chat_template
 from agentrl.config import from_namespace
 from agentrl.errors import ConfigError
 from agentrl.models.catalog import NAMED_MODELS, models_dir, named_model_of
-from agentrl.orchestration.checkpoints import latest_checkpoint
+from agentrl.run.checkpoints import latest_checkpoint
 from agentrl.trainer.config import TrainerConfig
 
 __all__ = ["ADAPTER", "BASE", "MERGED", "AdapterBase", "Export", "adapter_base", "export_hf",

@@ -5,7 +5,7 @@ Without ``--output-dir`` every run gets a folder of its own, ``runs/<date>-<time
 symbolic link ``runs/latest`` points at the newest. ``--load`` of a run's folder (or of the
 ``checkpoints`` folder inside it) continues that run in place: its metrics go on in the same
 files. An explicit ``--output-dir`` is used as given (one an earlier run wrote to is refused
-unless ``--load`` continues that run; see :mod:`agentrl.orchestration.validation`).
+unless ``--load`` continues that run; see :mod:`agentrl.run.validation`).
 """
 
 from __future__ import annotations

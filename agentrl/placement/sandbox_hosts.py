@@ -41,8 +41,8 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agentrl.orchestration._sandbox_host import SandboxHostActor
-from agentrl.orchestration.remote_sandbox import RemoteSandbox
+from agentrl.placement._sandbox_host import SandboxHostActor
+from agentrl.placement.remote_sandbox import RemoteSandbox
 from agentrl.rollout.build import env_factory
 from agentrl.sandbox.base import (
     Limits,
@@ -53,7 +53,7 @@ from agentrl.sandbox.pool import SandboxPools
 
 if TYPE_CHECKING:
     from agentrl.env.factory import EnvFactory
-    from agentrl.orchestration.cluster import ClusterConfig
+    from agentrl.placement.cluster import ClusterConfig
     from agentrl.rollout.config import RolloutConfig
 
 __all__ = [
@@ -135,7 +135,7 @@ class RayHostLauncher:
     def nodes(self) -> list[NodeInfo]:
         import ray
 
-        from agentrl.orchestration.cluster import start_ray
+        from agentrl.placement.cluster import start_ray
 
         start_ray(self.cluster)
         found = []

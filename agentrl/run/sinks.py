@@ -1,7 +1,7 @@
 """Where a run's scalar metrics go besides ``metrics.jsonl``: TensorBoard and Weights & Biases.
 
 Both backends are imported only when a sink is built: ``torch.utils.tensorboard`` costs seconds
-to import and ``wandb`` is optional, so ``import agentrl.orchestration.run_log`` stays light.
+to import and ``wandb`` is optional, so ``import agentrl.run.run_log`` stays light.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """The driver's side of a sandbox on a Ray node (``--sandbox-placement ray``): every
 :class:`~agentrl.sandbox.Sandbox` operation becomes a call to the host actor that holds the
 sandbox. Which hosts exist, where a new sandbox goes and when a host counts as dead is
-:mod:`agentrl.orchestration.sandbox_hosts`'s business; this module only forwards.
+:mod:`agentrl.placement.sandbox_hosts`'s business; this module only forwards.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from agentrl.sandbox.base import (
     WORKSPACE,
@@ -21,13 +21,27 @@ from agentrl.sandbox.base import (
     ShellSession,
 )
 
-if TYPE_CHECKING:
-    from agentrl.orchestration.sandbox_hosts import SandboxHost, SandboxHosts
-
-__all__ = ["CREATE_TIMEOUT_S", "RemoteSandbox", "RemoteShellSession"]
+__all__ = ["CREATE_TIMEOUT_S", "Hosts", "RemoteSandbox", "RemoteShellSession"]
 
 CREATE_TIMEOUT_S = 600.0
 """How long creating a sandbox may take (a Docker image pulled, a container started)."""
+
+
+class Hosts(Protocol):
+    """What a :class:`RemoteSandbox` asks of the run's hosts
+    (:class:`~agentrl.placement.sandbox_hosts.SandboxHosts`); a host is an opaque handle here."""
+
+    call_margin_s: float
+    """How long past its own timeout a call may run before its host is probed."""
+
+    async def pick(self) -> Any:
+        """The host a new sandbox goes to, its room taken (waits while every host is full)."""
+
+    async def call(self, host: Any, method: str, *args: Any, deadline: float) -> Any:
+        """``method(*args)`` on ``host``'s actor; raises SandboxLost if the host died."""
+
+    def release(self, host: Any) -> None:
+        """Gives back the room a sandbox took on ``host``."""
 
 
 class RemoteSandbox(Sandbox):
@@ -45,11 +59,11 @@ class RemoteSandbox(Sandbox):
         options: Backend options (docker: ``image``), used on that node.
     """
 
-    def __init__(self, hosts: SandboxHosts, backend: str, limits: Limits | None,
+    def __init__(self, hosts: Hosts, backend: str, limits: Limits | None,
                  options: Mapping[str, Any]) -> None:
         super().__init__(limits)
         self.backend = backend  # the concrete one once started
-        self.host: SandboxHost | None = None
+        self.host: Any = None  # the host holding it, once started
         self._hosts = hosts
         self._options = dict(options)
         self._sid = ""

@@ -1,7 +1,7 @@
 """Where engine actors go: the placement bundles the placement flags ask for.
 
-Shared by the embedded engine actors (:mod:`agentrl.orchestration.engines`) and the inference
-servers (:mod:`agentrl.orchestration.servers`).
+Shared by the embedded engine actors (:mod:`agentrl.placement.engines`) and the inference
+servers (:mod:`agentrl.placement.servers`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class EngineBundles:
 
 
 async def engine_bundles(cluster: Any, trainer: Any = None) -> EngineBundles:
-    """The bundles the placement flags ask for (see :class:`~agentrl.orchestration.cluster.
+    """The bundles the placement flags ask for (see :class:`~agentrl.placement.cluster.
     ClusterConfig`): ``--colocate`` puts engine ``i`` on the trainer's bundle ``i``, sharing it
     half and half; otherwise ``--rollout-num-gpus`` devices in bundles of their own,
     ``--rollout-num-gpus-per-engine`` per engine (one CPU each on a machine without GPUs)."""

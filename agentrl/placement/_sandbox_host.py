@@ -1,5 +1,5 @@
 """The Ray actor that holds one sandbox node's sandboxes (``--sandbox-placement ray``; the
-driver's side, and what runs where, is :mod:`agentrl.orchestration.sandbox_hosts`).
+driver's side, and what runs where, is :mod:`agentrl.placement.sandbox_hosts`).
 
 Its sandboxes are made here with :func:`agentrl.sandbox.create_sandbox` (``auto`` resolved on
 this node), so each isolates what its backend isolates, on this node, and its leftovers are

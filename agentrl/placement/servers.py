@@ -36,7 +36,7 @@ from typing import Any
 
 from agentrl.engine.http import HTTPEngine
 from agentrl.errors import ConfigError, EngineError
-from agentrl.orchestration.bundles import engine_bundles
+from agentrl.placement.bundles import engine_bundles
 
 __all__ = ["EngineServers", "launch_servers", "router_command", "server_command", "vllm_defaults",
            "vllm_model_dir"]

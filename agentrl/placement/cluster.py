@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.config import flag, option
 from agentrl.errors import ConfigError
-from agentrl.orchestration.remote_errors import remote_call
+from agentrl.placement.remote_errors import remote_call
 
 if TYPE_CHECKING:
     from agentrl.rollout.sample import Sample
@@ -41,7 +41,7 @@ RAY_NAMESPACE = "agentrl"
 
 
 SANDBOX_PLACEMENTS = ("local", "ray")
-"""The choices of ``--sandbox-placement`` (see :mod:`agentrl.orchestration.sandbox_hosts`)."""
+"""The choices of ``--sandbox-placement`` (see :mod:`agentrl.placement.sandbox_hosts`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +96,7 @@ class ClusterConfig:
     def validate(self) -> None:
         """Raises ConfigError naming the flag when the placement flags contradict each other
         (checks that also read other configs are in
-        :func:`agentrl.orchestration.validation.validate_together`)."""
+        :func:`agentrl.run.validation.validate_together`)."""
         for name in ("actor_num_nodes", "actor_num_gpus_per_node", "cpus_per_rank"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{flag(name)} must be >= 1, got {getattr(self, name)}")
@@ -135,7 +135,7 @@ class ClusterConfig:
 def start_ray(config: ClusterConfig) -> None:
     """Starts Ray locally (small object store, no dashboard) or joins ``--ray-address``."""
     # Ray's C++ failure-signal handler would take SIGTERM over from the run's own handler
-    # (agentrl.orchestration.interrupts) and end the driver with a stack dump instead of a clean
+    # (agentrl.run.interrupts) and end the driver with a stack dump instead of a clean
     # stop. Ray reads the switch when it is imported, and again when the driver connects.
     os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     import ray
@@ -260,7 +260,7 @@ class TrainerGroup:
         # Ray's processes inherit this thread's signal mask (Ray itself blocks SIGINT in them):
         # with SIGTERM blocked too, a SIGTERM to the whole process group (a scheduler stopping
         # the job) reaches only the driver, whose handler then stops Ray in order
-        # (agentrl.orchestration.interrupts). The driver's other threads are unaffected.
+        # (agentrl.run.interrupts). The driver's other threads are unaffected.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         try:
             start_ray(self.cluster)

@@ -15,13 +15,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl.orchestration.progress import RunProgress
-from agentrl.orchestration.run_folder import LATEST, point_latest
-from agentrl.orchestration.sinks import MetricsSink, TensorBoardSink, WandbSink, scalars
 from agentrl.rollout.sample import Sample
+from agentrl.run.progress import RunProgress
+from agentrl.run.run_folder import LATEST, point_latest
+from agentrl.run.sinks import MetricsSink, TensorBoardSink, WandbSink, scalars
 
 if TYPE_CHECKING:
-    from agentrl.orchestration.flags import Args
+    from agentrl.run.config import Args
 
 __all__ = ["EVAL_SHOWN", "SHOWN", "RunChange", "RunLog", "run_change"]
 

@@ -2,7 +2,7 @@
 success rate so far), train steps done / total, and the stage it is in.
 
 Drawn with ``rich`` when stdout is a terminal; otherwise (CI logs, ``nohup``) nothing is drawn
-and the per-rollout metrics line that :class:`~agentrl.orchestration.run_log.RunLog` prints is the
+and the per-rollout metrics line that :class:`~agentrl.run.run_log.RunLog` prints is the
 record. ``--no-progress`` turns it off.
 """
 
