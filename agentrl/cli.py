@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from agentrl.config import FlagParser, parse_pairs, unknown_flags_message
 from agentrl.env import CHECKS, TaskFields, check_env, env_spec, import_env_module, list_envs
 from agentrl.errors import AgentRLError, RunInterrupted
-from agentrl.eval.command import EvalConfig, add_eval_arguments, run_eval
 from agentrl.models.defaults import EmbeddedDefault, apply_embedded_default
+from agentrl.run.evaluate import EvalConfig, add_eval_arguments, run_eval
 from agentrl.sandbox import reap_leftovers
 from agentrl.view import Catalog, serve
 

@@ -41,9 +41,9 @@ from typing import Any
 from agentrl.config import FlagParser, parse_pairs, run_command
 from agentrl.env import make_env, task_set_of
 from agentrl.errors import AgentRLError, ConfigError
-from agentrl.eval.command import EvalConfig, evaluate
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.outcomes import succeeded
+from agentrl.run.evaluate import EvalConfig, evaluate
 
 __all__ = ["main", "write_demonstrations"]
 

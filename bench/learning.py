@@ -55,9 +55,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import train  # noqa: E402 - train.py's own loop
-from agentrl.eval.command import EvalConfig, evaluate  # noqa: E402
 from agentrl.models.defaults import EMBEDDED_DEFAULTS  # noqa: E402
 from agentrl.rollout.config import RolloutConfig  # noqa: E402
+from agentrl.run.evaluate import EvalConfig, evaluate  # noqa: E402
 from agentrl.run.run_log import run_change  # noqa: E402
 
 DEMO = EMBEDDED_DEFAULTS["swe-tools"]

@@ -18,8 +18,8 @@ import argparse
 import asyncio
 import json
 
-from agentrl.eval.command import EvalConfig, evaluate
 from agentrl.rollout.config import RolloutConfig
+from agentrl.run.evaluate import EvalConfig, evaluate
 
 
 def play(episodes: int, concurrency: int) -> dict:

@@ -249,6 +249,12 @@ class Engine(abc.ABC):
 
     tokenizer: Any = None
     max_context_len: int | None = None
+    takes_tensors: bool = True
+    """``update_weights(state_dict=...)`` reaches the model in memory (the embedded engine,
+    engine actors); ``False`` for servers in processes of their own, which load ``path``."""
+    takes_weight_refs: bool = False
+    """``update_weights`` also takes a Ray object reference to the state dict (engine actors read
+    it from the object store, never copied through the driver)."""
 
     @abc.abstractmethod
     async def generate(

@@ -72,6 +72,8 @@ class HTTPEngine(Engine):
         tp_size: Tensor-parallel ranks per server.
     """
 
+    takes_tensors = False  # servers in their own processes load a path
+
     server_name: ClassVar[str] = "inference"
     """The servers' name in messages (``SGLang``, ``vLLM``)."""
     health_path: ClassVar[str] = "/health"

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from agentrl.errors import EngineError
+from agentrl.placement.cluster import ClusterConfig, TrainerGroup
 
 __all__ = ["EngineBundles", "engine_bundles"]
 
@@ -27,7 +28,7 @@ class EngineBundles:
     owns_placement: bool
 
 
-async def engine_bundles(cluster: Any, trainer: Any = None) -> EngineBundles:
+async def engine_bundles(cluster: ClusterConfig, trainer: TrainerGroup | None = None) -> EngineBundles:
     """The bundles the placement flags ask for (see :class:`~agentrl.placement.cluster.
     ClusterConfig`): ``--colocate`` puts engine ``i`` on the trainer's bundle ``i``, sharing it
     half and half; otherwise ``--rollout-num-gpus`` devices in bundles of their own,

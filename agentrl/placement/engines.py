@@ -44,6 +44,7 @@ from agentrl.engine.base import (
 )
 from agentrl.errors import EngineError
 from agentrl.placement.bundles import engine_bundles
+from agentrl.placement.cluster import ClusterConfig, TrainerGroup
 
 __all__ = ["EngineGroup", "engine_actor_name", "launch_engines"]
 
@@ -153,6 +154,8 @@ class EngineGroup(Engine):
         prefix_cache_bytes: Each engine's memory for earlier turns' keys and values (0: off).
         owns_placement: :meth:`close` removes the placement group too.
     """
+
+    takes_weight_refs = True
 
     def __init__(
         self, placement: Any, bundles: list[int], checkpoint: str | Path, *, tokenizer: Any,
@@ -407,8 +410,8 @@ class EngineGroup(Engine):
         return list(await asyncio.gather(*(one(s) for s in self.slots if s.alive)))
 
 
-async def launch_engines(cluster: Any, checkpoint: str | Path, *, seed: int, max_batch_size: int,
-                         trainer: Any = None, max_context_len: int | None = None,
+async def launch_engines(cluster: ClusterConfig, checkpoint: str | Path, *, seed: int, max_batch_size: int,
+                         trainer: TrainerGroup | None = None, max_context_len: int | None = None,
                          prefix_cache_bytes: int = 0) -> EngineGroup:
     """Embedded engine actors on the bundles of :func:`engine_bundles`."""
     from agentrl.models.hf_config import load_tokenizer

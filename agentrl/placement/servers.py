@@ -36,7 +36,9 @@ from typing import Any
 
 from agentrl.engine.http import HTTPEngine
 from agentrl.errors import ConfigError, EngineError
-from agentrl.placement.bundles import engine_bundles
+from agentrl.placement.bundles import EngineBundles, engine_bundles
+from agentrl.placement.cluster import ClusterConfig, TrainerGroup
+from agentrl.rollout.config import RolloutConfig
 
 __all__ = ["EngineServers", "launch_servers", "router_command", "server_command", "vllm_defaults",
            "vllm_model_dir"]
@@ -50,7 +52,7 @@ VLLM_CPU_KV_CACHE_BYTES = 2**30
 """The KV cache a vLLM server takes on CPU unless told otherwise (it would take 92% of RAM)."""
 
 
-def vllm_defaults(rollout: Any, *, gpu: bool) -> dict[str, str | None]:
+def vllm_defaults(rollout: RolloutConfig, *, gpu: bool) -> dict[str, str | None]:
     """The vLLM server flags a run starts with unless ``--vllm-X`` (or ``--vllm-no-X``) says
     otherwise: the token-in/token-out endpoint, cached-token counts, the log-probability mode
     the sampling flags need (see :func:`~agentrl.engine.vllm.logprobs_mode_for`); on CPU
@@ -226,7 +228,8 @@ class EngineServers:
     latest version; it serves again when healthy. Fault tolerance therefore needs disk weight
     pushes."""
 
-    def __init__(self, rollout: Any, cluster: Any, checkpoint: str | Path, where: Any, *,
+    def __init__(self, rollout: RolloutConfig, cluster: ClusterConfig, checkpoint: str | Path,
+                 where: EngineBundles, *,
                  lora_rank: int = 0) -> None:
         import ray
         import torch
@@ -402,7 +405,8 @@ class EngineServers:
             self.where.owns_placement = False
 
 
-async def launch_servers(rollout: Any, cluster: Any, checkpoint: str | Path, trainer: Any = None,
+async def launch_servers(rollout: RolloutConfig, cluster: ClusterConfig, checkpoint: str | Path,
+                         trainer: TrainerGroup | None = None,
                          lora_rank: int = 0) -> HTTPEngine:
     """Starts (or connects to) the run's inference servers and returns their client; closing
     the client stops what was started here (see :class:`EngineServers`). ``lora_rank``: vLLM

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.chat import ChatRenderer
 from agentrl.chat.templates import load_chat_template
@@ -21,6 +21,9 @@ from agentrl.env.factory import EnvFactory
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.episode import EngineTurns, RolloutContext, TurnSource
 from agentrl.sandbox import SandboxPools
+
+if TYPE_CHECKING:  # torch: only with the engine itself
+    from agentrl.engine.embedded import EmbeddedEngine
 
 __all__ = [
     "env_factory",
@@ -74,7 +77,7 @@ def policy_checkpoint(config: RolloutConfig) -> str:
     return str(build_tiny_model())
 
 
-def load_policy_engine(config: RolloutConfig, **engine_kwargs: Any) -> Any:
+def load_policy_engine(config: RolloutConfig, **engine_kwargs: Any) -> EmbeddedEngine:
     """The embedded engine serving :func:`policy_checkpoint`."""
     from agentrl.engine.embedded import EmbeddedEngine
 

@@ -48,6 +48,14 @@ def exit_code_for(signum: int) -> int:
     return 128 + signum
 
 
+def _drops_exceptions(frame: FrameType) -> bool:
+    """Whether an exception raised in ``frame`` would be lost: it runs a finalizer or importlib's
+    module-lock weakref callback, whose exceptions Python prints as "Exception ignored" and
+    drops."""
+    code = frame.f_code
+    return code.co_name == "__del__" or (code.co_name == "cb" and "importlib" in code.co_filename)
+
+
 class StopOnSignals:
     """Stops the current task on the first SIGINT / SIGTERM (see the module docstring).
 
@@ -77,6 +85,7 @@ class StopOnSignals:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._previous: dict[int, Any] = {}
         self._watches: list[tuple[Callable[[], bool], str]] = []
+        self._again = False  # the first signal, sent again by us (see _stop_task)
 
     def watch(self, lost: Callable[[], bool], why: str) -> None:
         """After a signal, checks ``lost()`` twice a second: once it is true the clean stop
@@ -116,6 +125,10 @@ class StopOnSignals:
         return self
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._again:  # the first signal once more, where it can take effect (_stop_task)
+            self._again = False
+            self._stop_task(signum, frame)
+            return
         if self.signum is not None:  # the second signal: no clean-up beyond the sandboxes
             self._exit_now(f"a second {signal.Signals(signum).name} ended the clean-up")
         self.signum = signum
@@ -123,12 +136,27 @@ class StopOnSignals:
         name = signal.Signals(signum).name
         self.announce(f"{name}: stopping {self.interrupted_during}: closing episodes, sandboxes "
                       "and engines (send it again to exit at once)")
-        assert self._loop is not None and self._task is not None
         if self._watches:
             threading.Thread(target=self._watchdog, name="agentrl-stop-watchdog", daemon=True).start()
-        if self._runs_now(frame):  # the run's own code holds the loop (reading a large file):
-            raise asyncio.CancelledError  # stop it here, as a cancellation at its next await would
-        self._loop.call_soon_threadsafe(self._task.cancel)
+        self._stop_task(signum, frame)
+
+    def _stop_task(self, signum: int, frame: FrameType | None) -> None:
+        """Cancels the stopped task: right here when its own code holds the loop (reading a
+        large file), else at its next await. An exception raised inside a finalizer or a weakref
+        callback is printed and dropped by Python, so a signal that lands in one (importlib's
+        module-lock callback runs whenever the garbage collector does) is sent again a moment
+        later, when the code it interrupted has moved on."""
+        assert self._loop is not None and self._task is not None
+        if not self._runs_now(frame):
+            self._loop.call_soon_threadsafe(self._task.cancel)
+            return
+        if frame is not None and _drops_exceptions(frame):
+            self._again = True
+            again = threading.Timer(0.05, os.kill, (os.getpid(), signum))
+            again.daemon = True
+            again.start()
+            return
+        raise asyncio.CancelledError  # stop it here, as a cancellation at its next await would
 
     def _runs_now(self, frame: FrameType | None) -> bool:
         """Whether the signal interrupted the stopped task's own code (its coroutine's frame is

@@ -15,10 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from pathlib import Path
-from typing import Any
 
 from agentrl.engine.base import Engine
-from agentrl.placement.cluster import TrainerGroup, start_ray
+from agentrl.placement.cluster import ClusterConfig, TrainerGroup, start_ray
 from agentrl.placement.engines import launch_engines
 from agentrl.placement.remote_errors import readable
 from agentrl.rollout.build import load_policy_engine
@@ -53,8 +52,9 @@ async def start_policy(args: Args, checkpoint: str | Path,
     try:
         # --weight-sync adapter: vLLM servers that load LoRA adapters of this rank
         adapters = args.trainer.lora_rank if args.run.weight_sync == "adapter" else 0
-        engine = await serve_policy(rollout, cluster, checkpoint,
-                                    trainer=None if background else trainer, lora_rank=adapters)
+        # --colocate: engines share the trainer's placement group (Ray ranks, not in background)
+        placed = trainer if isinstance(trainer, TrainerGroup) and not background else None
+        engine = await serve_policy(rollout, cluster, checkpoint, trainer=placed, lora_rank=adapters)
     except Exception as exc:  # a Ray actor's error is made readable; others go as they are
         shown = readable(exc, "starting the rollout engines", debug=args.run.debug) if cluster.use_ray else exc
         if shown is exc:
@@ -89,8 +89,8 @@ def prefix_cache_bytes(rollout: RolloutConfig) -> int:
     return DEFAULT_PREFIX_CACHE_BYTES if rollout.engine_prefix_cache else 0
 
 
-async def serve_policy(rollout: Any, cluster: Any, checkpoint: str | Path, trainer: Any = None,
-                       lora_rank: int = 0) -> Engine:
+async def serve_policy(rollout: RolloutConfig, cluster: ClusterConfig, checkpoint: str | Path,
+                       trainer: TrainerGroup | None = None, lora_rank: int = 0) -> Engine:
     """The rollout's engine: inference servers (``--rollout-backend sglang`` / ``sglang-compat`` /
     ``vllm``; with ``lora_rank``, vLLM servers that load LoRA adapters of that rank),
     embedded engine actors when ``--rollout-num-gpus`` / ``--colocate`` ask for them, else the

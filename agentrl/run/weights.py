@@ -20,7 +20,9 @@ or ranks in Ray actors); ``train.py`` then calls :meth:`WeightSync.push` after e
   tensors from rank 0 while the servers receive them (``update_weights_from_distributed``): no
   disk, no copy through the driver.
 
-Imported on first use: Ray, and the clients of the backend a push goes to.
+Each strategy asks the engine and the trainer for what it needs by capability (the
+``Engine`` attributes ``takes_tensors`` / ``takes_weight_refs``, the ``Trainer`` protocol's
+methods), never by their class.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import shutil
-import socket
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -64,19 +65,14 @@ class TensorSync(WeightSync):
 
     mode = "tensor"
 
-    def __init__(self, engine: Engine, actor: Trainer) -> None:
-        from agentrl.placement.cluster import TrainerGroup
-        from agentrl.placement.engines import EngineGroup
-
-        super().__init__(engine, actor)
-        # engine actors read rank 0's object-store copy; an in-process engine takes the tensors
-        self.by_reference = isinstance(engine, EngineGroup) and isinstance(actor, TrainerGroup)
-
     async def push(self, version: str) -> None:
-        # in a thread: with --async-training, episodes go on running on this event loop
-        if self.by_reference:
-            state: Any = await asyncio.to_thread(self.actor.hf_state_dict_ref)  # type: ignore[attr-defined]
-        else:
+        # in a thread: with --async-training, episodes go on running on this event loop.
+        # Engine actors read rank 0's object-store copy where the trainer has one (Ray ranks);
+        # an engine in this process takes the tensors.
+        state: Any = None
+        if self.engine.takes_weight_refs:
+            state = await asyncio.to_thread(self.actor.hf_state_dict_ref)
+        if state is None:
             state = await asyncio.to_thread(self.actor.hf_state_dict)
         await self.engine.update_weights(state_dict=state, version=version)
 
@@ -116,12 +112,10 @@ class AdapterSync(WeightSync):
     mode = "adapter"
 
     def __init__(self, engine: Engine, actor: Trainer, root: str | Path) -> None:
-        from agentrl.engine.vllm import VLLMEngine
-
-        if not isinstance(engine, VLLMEngine):
+        if not callable(getattr(engine, "update_adapter", None)):
             raise ConfigError("--weight-sync adapter is for vLLM servers (--rollout-backend vllm)")
         super().__init__(engine, actor)
-        self.vllm = engine
+        self.vllm: Any = engine  # an engine that loads adapters (VLLMEngine.update_adapter)
         self.root = Path(root)
         self.kept: list[Path] = []
 
@@ -143,14 +137,11 @@ class BroadcastSync(WeightSync):
     mode = "broadcast"
 
     def __init__(self, engine: Engine, actor: Trainer) -> None:
-        from agentrl.engine.sglang import SGLangEngine
-        from agentrl.placement.cluster import TrainerGroup
-
-        if not isinstance(engine, SGLangEngine):
+        if not all(callable(getattr(engine, m, None))
+                   for m in ("init_weight_group", "update_weights_from_distributed")):
             raise ConfigError("--weight-sync broadcast is for SGLang servers (--rollout-backend sglang*)")
         super().__init__(engine, actor)
-        self.sglang = engine
-        self.ranks_in_ray = isinstance(actor, TrainerGroup)
+        self.sglang: Any = engine  # an engine that joins a broadcast group (SGLangEngine)
         self.group: str | None = None
         self.metadata: dict[str, list[Any]] | None = None
 
@@ -166,12 +157,7 @@ class BroadcastSync(WeightSync):
         import torch
 
         engine, actor = self.sglang, self.actor
-        if self.ranks_in_ray:  # rank 0's node and a free port there
-            master, port = await asyncio.to_thread(actor.rank0_address)  # type: ignore[attr-defined]
-        else:
-            with socket.socket() as sock:
-                sock.bind(("", 0))
-                master, port = "127.0.0.1", int(sock.getsockname()[1])
+        master, port = await asyncio.to_thread(actor.rank0_address)  # rank 0's node, a free port
         if all(urlparse(u).hostname in ("127.0.0.1", "localhost") for u in engine.workers):
             master = "127.0.0.1"  # one machine: keep the group on loopback
         name = f"agentrl-weights-{port}"
@@ -198,10 +184,8 @@ def weight_sync_for(engine: Engine, actor: Trainer, mode: str, output_dir: str |
         ConfigError: ``broadcast`` for an engine that is not SGLang servers, ``adapter`` for one
             that is not vLLM servers, or an unknown mode.
     """
-    if mode == "auto":
-        from agentrl.engine.http import HTTPEngine
-
-        mode = "disk" if isinstance(engine, HTTPEngine) else "tensor"
+    if mode == "auto":  # servers in processes of their own load a directory
+        mode = "tensor" if engine.takes_tensors else "disk"
     if mode == "tensor":
         return TensorSync(engine, actor)
     if mode == "disk":

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import socket
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -484,6 +485,18 @@ class MegatronActor:
         """The policy's weights under Hugging Face names (gathered over tensor parallelism; a
         collective: every TP rank calls it), as ``Engine.update_weights(state_dict=...)`` takes."""
         return export_hf_state_dict(self.model)
+
+    def hf_state_dict_ref(self) -> None:
+        """``None``: a trainer in this process has no object store to leave the weights in
+        (:meth:`hf_state_dict` gives them)."""
+        return None
+
+    def rank0_address(self) -> tuple[str, int]:
+        """Loopback and a free port on it: rank 0 is this process (a weight-broadcast group's
+        rendezvous)."""
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return "127.0.0.1", int(sock.getsockname()[1])
 
     def open_weight_group(self, master_address: str, master_port: int, world_size: int,
                           group_name: str, backend: str) -> None:

@@ -1,4 +1,5 @@
-"""``Trainer``: what the training loop and the weight sync need from a trainer.
+"""``Trainer``: what the training loop and the weight sync need from a trainer (every method
+either calls).
 
 Two classes satisfy it: :class:`~agentrl.trainer.actor.MegatronActor` (one rank, in this
 process) and :class:`~agentrl.placement.cluster.TrainerGroup` (every rank as a Ray actor,
@@ -51,6 +52,14 @@ class Trainer(Protocol):
 
     def hf_state_dict(self) -> dict[str, Any]:
         """The policy's weights under Hugging Face names (``--weight-sync tensor``)."""
+
+    def hf_state_dict_ref(self) -> Any | None:
+        """Rank 0's :meth:`hf_state_dict` left in Ray's object store, as a reference engine
+        actors read without a copy through the driver; ``None`` where the trainer has no object
+        store (one rank in this process)."""
+
+    def rank0_address(self) -> tuple[str, int]:
+        """Rank 0's host and a free port there: the rendezvous of a weight-broadcast group."""
 
     def open_weight_group(self, master_address: str, master_port: int, world_size: int,
                           group_name: str, backend: str) -> None:

@@ -131,9 +131,9 @@ def test_agentrl_eval_policy_openai_plays_calc_through_the_gateway(monkeypatch):
     import threading
 
     from agentrl.cli import build_parser
-    from agentrl.eval.command import evaluate, parse_eval_config
     from agentrl.gateway import Gateway
     from agentrl.gateway.server import default_sampling, renderer_for
+    from agentrl.run.evaluate import evaluate, parse_eval_config
 
     envs = env_factory(RolloutConfig(env="calc"))
     engine = OracleModel(envs, calc_moves)

@@ -538,7 +538,7 @@ def test_agentrl_eval_plays_the_servers_chat_api_with_its_tool_calling(server):
     import urllib.request
 
     from agentrl.cli import build_parser
-    from agentrl.eval.command import evaluate, parse_eval_config
+    from agentrl.run.evaluate import evaluate, parse_eval_config
 
     with urllib.request.urlopen(f"{server}/v1/models") as answer:
         model = json.load(answer)["data"][0]["id"]
@@ -562,7 +562,7 @@ def test_agentrl_eval_plays_the_model_on_a_running_vllm_server(server):
     its engine as train.py does: the episodes' tokens are sampled by the server, token-exact
     (the log-probs it returned are the samples' own)."""
     from agentrl.cli import build_parser
-    from agentrl.eval.command import evaluate, parse_eval_config
+    from agentrl.run.evaluate import evaluate, parse_eval_config
 
     argv = ["eval", "--env", "calc", "--policy", "model", "--hf-checkpoint", str(build_tiny_model()),
             "--rollout-backend", "vllm", "--rollout-engine-urls", server, "--limit", "2",

@@ -9,8 +9,8 @@ import pytest
 
 from agentrl.cli import main as agentrl_main
 from agentrl.cli import parse as parse_cli
-from agentrl.eval.command import parse_eval_config
 from agentrl.models.defaults import EMBEDDED_DEFAULTS
+from agentrl.run.evaluate import parse_eval_config
 from agentrl.run.flags import build_parser, parse_args
 
 pytestmark = pytest.mark.unit

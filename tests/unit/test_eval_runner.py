@@ -12,12 +12,12 @@ import pytest
 from agentrl import ToolEnv, register_env
 from agentrl.cli import main
 from agentrl.env import registry
-from agentrl.eval.command import EvalConfig, evaluate
 from agentrl.eval.metrics import pass_at_k, summarize
 from agentrl.eval.runner import run_evaluation
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.data import RolloutDataSource
 from agentrl.rollout.sample import Sample, Status
+from agentrl.run.evaluate import EvalConfig, evaluate
 from tests.unit.test_rollout_episode import calc_policy, make_ctx
 from tests.unit.test_rollout_runner import TASKS
 
@@ -174,7 +174,7 @@ def test_eval_flags_are_train_py_flags():
 
     parsed = build_parser().parse_args(["eval", "--env", "calc", "--temperature", "0.5", "--limit", "2",
                                         "--rollout-max-response-len", "16", "--concurrency", "3"])
-    from agentrl.eval.command import parse_eval_config
+    from agentrl.run.evaluate import parse_eval_config
 
     rollout, _ = parse_eval_config(parsed)
     assert (rollout.eval_temperature, rollout.eval_max_prompts, rollout.rollout_max_response_len,

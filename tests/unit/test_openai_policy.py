@@ -20,7 +20,6 @@ from aiohttp import web
 
 from agentrl.cli import build_parser
 from agentrl.errors import ConfigError
-from agentrl.eval.command import evaluate, format_table, parse_eval_config
 from agentrl.eval.metrics import summarize
 from agentrl.eval.openai_policy import (
     MAX_RETRY_AFTER_S,
@@ -33,6 +32,7 @@ from agentrl.eval.runner import EvalSet, evaluate_sets
 from agentrl.rollout.build import env_factory, scripted_context
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.sample import Sample, Status
+from agentrl.run.evaluate import evaluate, format_table, parse_eval_config
 from agentrl_envs.calc.env import CalcEnv
 
 TASKS = CalcEnv().task_set("test", limit=2)

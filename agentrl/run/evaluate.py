@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -32,14 +33,12 @@ from agentrl.env import ToolEnv
 from agentrl.errors import ConfigError
 from agentrl.eval.runner import EvalSet, eval_sets, evaluate_sets, write_episodes
 from agentrl.models.catalog import resolve_checkpoint
-from agentrl.placement.cluster import ClusterConfig
 from agentrl.rollout.build import env_factory, policy_checkpoint, scripted_context
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.episode import SCRIPTED_POLICIES, ScriptedTurns
 from agentrl.rollout.sample import Sample
-from agentrl.run.context import make_rollout_context
+from agentrl.run.assemble import eval_context
 from agentrl.run.interrupts import StopOnSignals
-from agentrl.run.serving import serve_policy
 
 if TYPE_CHECKING:  # aiohttp is imported only when the openai policy runs
     from agentrl.eval.openai_policy import OpenAITurns
@@ -200,15 +199,12 @@ async def _play_sets(rollout: RolloutConfig, evaluation: EvalConfig, envs: Any, 
                      ) -> tuple[dict[str, tuple[dict[str, Any], list[list[Sample]]]], str]:
     """Plays ``sets`` with the policy; returns each set's (metrics, groups) and the policy's
     label. Closes the engine and the envs' sandboxes however it ends."""
-    engine = None
-    client = None
-    ctx = None
-    try:
+    async with contextlib.AsyncExitStack() as closing:
+        closing.push_async_callback(envs.aclose)
         if evaluation.policy == "model" or rollout.has_agent:  # started as train.py starts it
             # (a scripted policy answering an agent still needs the model's tokenizer and template)
-            engine = await serve_policy(rollout, ClusterConfig(use_ray=False), policy_checkpoint(rollout))
             scripted = SCRIPTED_POLICIES.get(evaluation.policy)
-            ctx = make_rollout_context(rollout, engine, envs, agent_model=scripted)
+            ctx = await eval_context(rollout, envs, closing, agent_model=scripted)
             label = f"model:{rollout.hf_checkpoint or 'tiny'}"
             if rollout.rollout_backend != "embedded":
                 label += f" on {rollout.rollout_backend} {','.join(rollout.rollout_engine_urls)}"
@@ -217,21 +213,16 @@ async def _play_sets(rollout: RolloutConfig, evaluation: EvalConfig, envs: Any, 
                 label = f"agent:{ctx.agents.agent.name} on {on}"
         elif evaluation.policy == "openai":
             client = openai_turns(rollout, evaluation)
+            closing.push_async_callback(client.close)
             ctx = scripted_context(rollout, client, envs)
+            closing.push_async_callback(ctx.aclose)
             label = f"openai:{evaluation.model}"
         else:
             turns = ScriptedTurns(SCRIPTED_POLICIES[evaluation.policy], evaluation.policy)
             ctx = scripted_context(rollout, turns, envs)
+            closing.push_async_callback(ctx.aclose)
             label = evaluation.policy
         return await evaluate_sets(ctx, sets, "eval"), label
-    finally:
-        if ctx is not None:
-            await ctx.aclose()
-        if engine is not None:
-            await engine.close()
-        if client is not None:
-            await client.close()
-        await envs.aclose()
 
 
 def openai_turns(rollout: RolloutConfig, evaluation: EvalConfig) -> OpenAITurns:
