@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 
 from agentrl.eval.runner import EvalSet, evaluate_sets
+from agentrl.records.sample import Status
 from agentrl.rollout.build import env_factory
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.sample import Status
 from agentrl.run.context import make_rollout_context
 from tests.support.engines import ScriptedEngine
 from tests.support.tokenizers import tiny_tokenizer

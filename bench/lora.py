@@ -54,7 +54,7 @@ def model_dir(name: str, root: Path) -> Path:
 
 
 def samples(count: int, length: int):
-    from agentrl.rollout.sample import Sample, Status, Turn
+    from agentrl.records.sample import Sample, Status, Turn
 
     generator = torch.Generator().manual_seed(0)
     out = []

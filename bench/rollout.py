@@ -38,10 +38,10 @@ import agentrl
 from agentrl.chat import ChatRenderer
 from agentrl.engine import EmbeddedEngine, Engine, SamplingParams
 from agentrl.models import build_tiny_model
+from agentrl.records.sample import Sample
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.custom import load_custom_generate, run_custom_generate
 from agentrl.rollout.episode import Episode, RolloutContext
-from agentrl.rollout.sample import Sample
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

@@ -51,7 +51,7 @@ import torch
 from _memory import peak_rss_mib
 
 from agentrl.models import build_tiny_model
-from agentrl.rollout.sample import Sample, Status, Turn
+from agentrl.records.sample import Sample, Status, Turn
 
 TEMPERATURE = 1.0
 GPU_CONFIG = {  # ~0.5B parameters, Qwen2.5-0.5B's shape

@@ -6,8 +6,8 @@ import collections
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from agentrl.records.sample import Sample, Status
 from agentrl.rollout.outcomes import outcome_metrics, succeeded
-from agentrl.rollout.sample import Sample, Status
 
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 """The keys of a sample's ``metadata["usage"]`` and of the summary's ``usage``."""

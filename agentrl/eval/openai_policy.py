@@ -7,7 +7,7 @@ conversation so far, in OpenAI chat form, with the env's tool schemas as ``tools
 calling is the server's own (vLLM's or SGLang's tool-call parser, a hosted API's native calls):
 the env's ``--tool-call-format`` is not involved, and text without ``tool_calls`` is the final
 answer. No tokens are kept; a turn is recorded as a message-only
-:class:`~agentrl.rollout.sample.Turn` with its wall time (retries included) as policy time.
+:class:`~agentrl.records.sample.Turn` with its wall time (retries included) as policy time.
 
 **Conversation mapping.** The env keeps calls as ``{"name", "arguments": dict}`` and results as
 ``{"role": "tool", "name", "content"}``; the server wants ``tool_calls: [{"id", "type":
@@ -47,8 +47,8 @@ import aiohttp
 
 from agentrl.errors import PolicyServerError
 from agentrl.eval.metrics import USAGE_KEYS
+from agentrl.records.sample import Turn
 from agentrl.rollout.episode import Episode, TurnOutput, TurnSource
-from agentrl.rollout.sample import Turn
 
 __all__ = ["OpenAITurns", "read_reply", "retry_after_s", "server_message", "to_openai_messages"]
 

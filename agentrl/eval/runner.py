@@ -31,12 +31,12 @@ from typing import Any
 
 from agentrl.env.factory import EnvFactory
 from agentrl.eval.metrics import summarize
+from agentrl.records.sample import Sample
 from agentrl.rollout.build import env_factory, eval_context
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.data import RolloutDataSource
 from agentrl.rollout.episode import RolloutContext
 from agentrl.rollout.runner import RolloutRunner
-from agentrl.rollout.sample import Sample
 
 __all__ = ["DEFAULT_SEED_PROMPTS", "EvalEnvs", "EvalSet", "eval_sets", "evaluate_sets",
            "run_evaluation", "write_episodes"]

@@ -55,8 +55,8 @@ from agentrl.gateway.protocol import (
     message_key,
     template_messages,
 )
-from agentrl.rollout.sample import Sample
-from agentrl.rollout.trajectory import Trajectory, request_seed
+from agentrl.records.sample import Sample
+from agentrl.records.trajectory import Trajectory, request_seed
 
 __all__ = ["CallRecord", "Segment", "Session", "SessionClosed"]
 

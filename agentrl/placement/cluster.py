@@ -31,7 +31,7 @@ from agentrl.errors import ConfigError
 from agentrl.placement.remote_errors import remote_call
 
 if TYPE_CHECKING:
-    from agentrl.rollout.sample import Sample
+    from agentrl.records.sample import Sample
     from agentrl.trainer.config import TrainerConfig
 
 __all__ = ["RAY_NAMESPACE", "SANDBOX_PLACEMENTS", "ClusterConfig", "TrainerGroup", "start_ray"]

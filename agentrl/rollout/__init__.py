@@ -8,7 +8,7 @@ The stages, in data-flow order:
   a run's source.
 * the turns come from an engine (:mod:`agentrl.engine`, the layer below: the engine contract,
   the embedded torch engine, the SGLang and vLLM clients).
-* :mod:`~agentrl.rollout.episode` / :mod:`~agentrl.rollout.trajectory` - the one episode loop
+* :mod:`~agentrl.rollout.episode` / :mod:`~agentrl.records.trajectory` - the one episode loop
   (its turns from the engine, a scripted policy, or a custom generate function),
   token-in/token-out: prompt ids, sampled ids (loss mask 1), env deltas (loss mask 0).
 * :mod:`~agentrl.rollout.custom` - ``--custom-generate-function-path`` and its helpers.
@@ -29,8 +29,8 @@ import importlib
 from typing import Any
 
 from agentrl.engine.base import Engine, GenerateOutput, SamplingParams
+from agentrl.records.sample import Sample, Status, Turn
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.sample import Sample, Status, Turn
 
 _LAZY = {
     "EmbeddedEngine": "agentrl.engine.embedded",

@@ -10,10 +10,10 @@ from typing import Any
 from agentrl.env.factory import EnvFactory
 from agentrl.errors import PluginError
 from agentrl.plugins import load_plugin
+from agentrl.records.sample import Sample
 from agentrl.rollout._rows import as_rollout_config
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.data import RolloutDataSource, check_count
-from agentrl.rollout.sample import Sample
 
 __all__ = ["RolloutDataSourceWithBuffer", "load_data_source"]
 

@@ -164,7 +164,7 @@ class RolloutConfig:
     custom_rm_path: str | None = option(None, "reward function or CustomRewardModel class "
                                         "(file.py, file.py:name or module:name)")
     rm_model_path: str | None = option(None, "model_path given to a CustomRewardModel class")
-    # black-box agents (agentrl.gateway.agents), through the OpenAI-compatible gateway
+    # black-box agents (agentrl.rollout.agents), through the OpenAI-compatible gateway
     agent_function_path: str | None = option(
         None, "async run(task, endpoint) -> reward | dict | None playing each episode through "
         "the gateway (file.py:run or module:name)")

@@ -34,8 +34,8 @@ from typing import Any, TypeVar
 from agentrl.engine.base import SamplingParams
 from agentrl.errors import PluginError, ToolCallParseError
 from agentrl.plugins import load_plugin
+from agentrl.records.sample import Sample, Status
 from agentrl.rollout.episode import EngineTurns, Episode, RolloutContext
-from agentrl.rollout.sample import Sample, Status
 from agentrl.tools.calls import ToolCall
 
 __all__ = [

@@ -40,6 +40,7 @@ from typing import Any
 from agentrl.env.factory import EnvFactory
 from agentrl.env.messages import message_problem
 from agentrl.errors import ConfigError, DataError
+from agentrl.records.sample import Sample
 from agentrl.rollout._rows import (
     Item,
     Record,
@@ -53,7 +54,6 @@ from agentrl.rollout._rows import (
     shuffle_buffer,
 )
 from agentrl.rollout.build import env_factory
-from agentrl.rollout.sample import Sample
 
 __all__ = [
     "RolloutDataSource",

@@ -19,11 +19,11 @@ from typing import Any
 
 from agentrl.chat import ChatRenderer
 from agentrl.errors import DataError
+from agentrl.records.sample import Sample, Status
+from agentrl.records.trajectory import Trajectory
 from agentrl.rollout.data import SkippedRow, report_skipped, row_location
 from agentrl.rollout.episode import Episode, RolloutContext, ScriptedTurns, oracle_policy
 from agentrl.rollout.overlong import OVERLONG_FINISH, prompt_ids_within
-from agentrl.rollout.sample import Sample, Status
-from agentrl.rollout.trajectory import Trajectory
 
 __all__ = ["DemoBatch", "conversation_sample", "demonstrations", "oracle_sample"]
 

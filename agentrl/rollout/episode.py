@@ -6,11 +6,11 @@ come from is a :class:`TurnSource`: the engine's sampled tokens (:class:`EngineT
 and model evaluation), or a scripted policy such as the env's oracle (:class:`ScriptedTurns`,
 demonstrations and ``agentrl eval --policy oracle``). Custom generate functions drive the same
 :class:`Episode` step by step (:mod:`agentrl.rollout.custom`); black-box agents play it through
-the gateway (:mod:`agentrl.gateway.agents`).
+the gateway (:mod:`agentrl.rollout.agents`).
 
 With a chat renderer the episode is built token-in/token-out into the sample (prompt ids, the
 turns' ids with loss mask 1, the env's replies as template deltas with loss mask 0; see
-:mod:`agentrl.rollout.trajectory`). Without one (a scripted evaluation, no model) it plays
+:mod:`agentrl.records.trajectory`). Without one (a scripted evaluation, no model) it plays
 messages only and the sample has no tokens.
 
 Every played sample also keeps, for logs and ``agentrl view``, its conversation as chat
@@ -48,18 +48,18 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from agentrl.chat import ChatRenderer
 from agentrl.engine.base import Engine, SamplingParams
 from agentrl.env import ToolEnv
 from agentrl.env.factory import EnvFactory
 from agentrl.errors import EnvServerLost
+from agentrl.records.sample import Sample, Status, Turn
+from agentrl.records.trajectory import Trajectory
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.overlong import OVERLONG_FINISH, fit_prompt
 from agentrl.rollout.rewards import RewardModels
-from agentrl.rollout.sample import Sample, Status, Turn
-from agentrl.rollout.trajectory import Trajectory
 from agentrl.sandbox.base import SandboxLost
 from agentrl.tools.calls import ToolCall
 
@@ -108,6 +108,21 @@ class TurnOutput:
 
     action: str | Mapping[str, Any]
     finish_reason: str = "stop"
+
+
+class AgentPlay(Protocol):
+    """A black-box agent that plays every episode of a context instead of its turn source, with
+    the gateway it plays through (:class:`agentrl.rollout.agents.AgentPlayer`)."""
+
+    @property
+    def name(self) -> str:
+        """The agent's name, for labels."""
+
+    async def play(self, episode: Episode, *, evaluation: bool) -> list[Sample]:
+        """Plays ``episode``; returns its samples (one per gateway segment)."""
+
+    async def aclose(self) -> None:
+        """Stops the gateway."""
 
 
 class TurnSource(abc.ABC):
@@ -247,7 +262,7 @@ class RolloutContext:
     turns: TurnSource | None = None
     rewards: RewardModels | None = None
     stopping: threading.Event = dataclasses.field(default_factory=threading.Event)
-    agents: Any = None
+    agents: AgentPlay | None = None
 
     def __post_init__(self) -> None:
         if self.rewards is None:

@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from agentrl.rollout.sample import Sample
+from agentrl.records.sample import Sample
 
 __all__ = ["reward_std_positive"]
 

@@ -21,8 +21,8 @@ import enum
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agentrl.records.sample import Sample
 from agentrl.rollout.data import row_location
-from agentrl.rollout.sample import Sample
 
 __all__ = ["GroupState", "LedgerEntry", "SampleLedger"]
 

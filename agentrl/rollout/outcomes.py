@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentrl.env.rewards import SUCCESS_REWARD
-from agentrl.rollout.sample import Sample, Status
+from agentrl.records.sample import Sample, Status
 
 __all__ = ["GATEWAY_FIGURES", "outcome_metrics", "succeeded"]
 

@@ -34,9 +34,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentrl.errors import DataError
+from agentrl.records.sample import Sample, Status
 from agentrl.rollout.ledger import GroupState, SampleLedger
 from agentrl.rollout.runner import RolloutBatch, RolloutRunner, batch_metrics, group_order
-from agentrl.rollout.sample import Sample, Status
 
 __all__ = ["AsyncRollout", "StalenessError"]
 

@@ -25,7 +25,7 @@ from typing import Any
 from agentrl.env import as_reward
 from agentrl.errors import PluginError, RewardError
 from agentrl.plugins import load_plugin
-from agentrl.rollout.sample import Sample, Status
+from agentrl.records.sample import Sample, Status
 
 __all__ = ["RewardModel", "RewardModels", "load_reward_model", "maybe_await"]
 

@@ -34,11 +34,11 @@ from typing import Any
 
 from agentrl.errors import DataError, PluginError, RolloutFailedError
 from agentrl.plugins import load_plugin
+from agentrl.records.sample import Sample, Status
 from agentrl.rollout.custom import load_custom_generate, run_custom_generate
 from agentrl.rollout.data import SkippedRow, report_skipped, row_location
 from agentrl.rollout.episode import LOST_RESOURCE_FINISHES, Episode, RolloutContext
 from agentrl.rollout.outcomes import outcome_metrics
-from agentrl.rollout.sample import Sample, Status
 
 __all__ = ["RolloutBatch", "RolloutRunner", "batch_metrics", "group_order"]
 

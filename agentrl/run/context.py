@@ -8,7 +8,7 @@ from __future__ import annotations
 from agentrl.engine.base import Engine
 from agentrl.env.factory import EnvFactory
 from agentrl.errors import ConfigError
-from agentrl.gateway.agents import AgentPlayer, load_agent
+from agentrl.rollout.agents import AgentPlayer, load_agent
 from agentrl.rollout.build import renderer_from_config, resolve, sampling_from_config
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.episode import Policy, RolloutContext

@@ -33,10 +33,10 @@ from agentrl.env import ToolEnv
 from agentrl.errors import ConfigError
 from agentrl.eval.runner import EvalSet, eval_sets, evaluate_sets, write_episodes
 from agentrl.models.catalog import resolve_checkpoint
+from agentrl.records.sample import Sample
 from agentrl.rollout.build import env_factory, policy_checkpoint, scripted_context
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.episode import SCRIPTED_POLICIES, ScriptedTurns
-from agentrl.rollout.sample import Sample
 from agentrl.run.assemble import eval_context
 from agentrl.run.interrupts import StopOnSignals
 
@@ -210,7 +210,7 @@ async def _play_sets(rollout: RolloutConfig, evaluation: EvalConfig, envs: Any, 
                 label += f" on {rollout.rollout_backend} {','.join(rollout.rollout_engine_urls)}"
             if ctx.agents is not None:
                 on = evaluation.policy if scripted is not None else label
-                label = f"agent:{ctx.agents.agent.name} on {on}"
+                label = f"agent:{ctx.agents.name} on {on}"
         elif evaluation.policy == "openai":
             client = openai_turns(rollout, evaluation)
             closing.push_async_callback(client.close)

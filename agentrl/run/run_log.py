@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl.rollout.sample import Sample
+from agentrl.records.sample import Sample
 from agentrl.run.progress import RunProgress
 from agentrl.run.run_folder import LATEST, point_latest
 from agentrl.run.sinks import MetricsSink, TensorBoardSink, WandbSink, scalars

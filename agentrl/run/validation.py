@@ -18,10 +18,10 @@ from agentrl.config import flag
 from agentrl.env.registry import env_spec
 from agentrl.env.sandboxed import SandboxedToolEnv
 from agentrl.errors import ConfigError, PluginError
-from agentrl.gateway.agents import FunctionAgent
 from agentrl.models.hf_config import EMBEDDED_MODEL_TYPES, check_safetensors_headers, read_config
 from agentrl.models.tiny import TINY_MODEL_CONFIG
 from agentrl.plugins import load_plugin
+from agentrl.rollout.agents import FunctionAgent
 from agentrl.rollout.custom import load_custom_generate
 from agentrl.run.checkpoints import check_resumable, latest_checkpoint
 from agentrl.run.run_folder import RUN_FILES

@@ -39,7 +39,7 @@ from agentrl.algorithms import (
 )
 from agentrl.engine.weight_group import WeightGroup
 from agentrl.errors import ConfigError
-from agentrl.rollout.sample import Sample
+from agentrl.records.sample import Sample
 from agentrl.trainer.batch import TrainBatch, build_batch, micro_batches
 from agentrl.trainer.config import TrainerConfig, lora_targets, resolve_off_policy_correction
 from agentrl.trainer.critic import ValueModel

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from agentrl.algorithms import group_index
-from agentrl.rollout.sample import Sample
+from agentrl.records.sample import Sample
 
 __all__ = ["TrainBatch", "build_batch", "micro_batches"]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from agentrl.rollout.sample import Sample
+    from agentrl.records.sample import Sample
 
 __all__ = ["Trainer"]
 

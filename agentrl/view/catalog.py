@@ -2,7 +2,7 @@
 
 A **run** is a ``train.py --output-dir``: ``run.json`` (its launches and flags),
 ``metrics.jsonl``, ``eval.jsonl`` and ``trajectories/rollout_<id>.jsonl`` (one
-:class:`~agentrl.rollout.sample.Sample` per line). An **evaluation** is the summary JSON of
+:class:`~agentrl.records.sample.Sample` per line). An **evaluation** is the summary JSON of
 ``agentrl eval --output`` and the ``<stem>.episodes.jsonl`` beside it. :class:`Catalog` finds
 them under the viewed path; :class:`RunReader` and :class:`EvalReader` turn their files into the
 data the page draws: curves, tables of episodes (one summary row per sample, kept as the files

@@ -9,7 +9,7 @@ import torch
 
 from agentrl.engine import EmbeddedEngine, SamplingParams
 from agentrl.models import build_tiny_model
-from agentrl.rollout.sample import Sample, Status, Turn
+from agentrl.records.sample import Sample, Status, Turn
 from agentrl.trainer.actor import MegatronActor
 from agentrl.trainer.config import TrainerConfig
 

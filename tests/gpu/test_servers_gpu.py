@@ -31,8 +31,8 @@ from agentrl.engine.sglang import SGLangEngine
 from agentrl.engine.vllm import VLLMEngine
 from agentrl.models import build_tiny_model
 from agentrl.placement.servers import _merged, server_command, vllm_defaults
+from agentrl.records.sample import Sample, Status, Turn
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.sample import Sample, Status, Turn
 from tests.support.distributed import free_port
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from agentrl.models import build_tiny_model
-from agentrl.rollout.sample import Sample, Status, Turn
+from agentrl.records.sample import Sample, Status, Turn
 from agentrl.trainer.actor import MegatronActor
 from agentrl.trainer.config import TrainerConfig
 from agentrl.trainer.hf_convert import export_hf_state_dict, read_hf_state_dict

@@ -18,10 +18,10 @@ import pytest
 
 import agentrl_envs  # noqa: F401 - registers the built-in envs
 from agentrl.eval.runner import EvalSet, evaluate_sets
+from agentrl.records.sample import Status
 from agentrl.rollout.build import env_factory
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.episode import action_text
-from agentrl.rollout.sample import Status
 from agentrl.run.context import make_rollout_context
 from tests.support.engines import ScriptedEngine
 from tests.support.sandboxes import backend_skip_reason
@@ -247,7 +247,7 @@ def test_a_command_agent_runs_sandboxed_seeing_nothing_of_the_host(tmp_path, mon
     assert metrics["success_rate"] == 1.0 and sample.metadata["gateway_calls"] == 2
     assert not (here / "written").exists()
     (here / "agent.py").write_text("print('in the current directory')\n")
-    with caplog.at_level("WARNING", logger="agentrl.gateway.agents"):
+    with caplog.at_level("WARNING", logger="agentrl.rollout.agents"):
         _, sample = _evaluate_command("python agent.py")
     assert "names agent.py, a file in the current directory" in caplog.text
     assert sample.status is Status.FAILED and "agent.py" in sample.metadata["error"]

@@ -14,9 +14,9 @@ from agentrl.errors import EngineError
 from agentrl.models import build_tiny_model
 from agentrl.placement.cluster import ClusterConfig, start_ray
 from agentrl.placement.engines import launch_engines
+from agentrl.records.sample import Status
 from agentrl.rollout import RolloutRunner, env_factory, load_data_source
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.sample import Status
 from agentrl.run.context import make_rollout_context
 
 SEEDED = SamplingParams(max_new_tokens=24, sampling_seed=11)

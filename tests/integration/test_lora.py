@@ -13,7 +13,7 @@ import torch
 
 from agentrl.errors import ConfigError
 from agentrl.models import build_tiny_model
-from agentrl.rollout.sample import Sample
+from agentrl.records.sample import Sample
 from agentrl.run.export import export_hf
 from agentrl.trainer.actor import MegatronActor
 from agentrl.trainer.config import TrainerConfig, lora_targets

@@ -12,7 +12,7 @@ import pytest
 
 from agentrl.errors import ConfigError
 from agentrl.models import build_tiny_model
-from agentrl.rollout.sample import Sample, Status
+from agentrl.records.sample import Sample, Status
 from agentrl.trainer.actor import MegatronActor
 from agentrl.trainer.config import TrainerConfig
 

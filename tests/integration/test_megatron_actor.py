@@ -19,9 +19,9 @@ from agentrl.chat import ChatRenderer
 from agentrl.engine import EmbeddedEngine, SamplingParams
 from agentrl.errors import ConfigError
 from agentrl.models import build_tiny_model
+from agentrl.records.sample import Sample, Status
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.episode import Episode, RolloutContext
-from agentrl.rollout.sample import Sample, Status
 from agentrl.run.checkpoints import checkpoint_folder, latest_checkpoint, mark_latest
 from agentrl.trainer.actor import MegatronActor
 from agentrl.trainer.config import TrainerConfig

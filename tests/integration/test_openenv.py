@@ -335,11 +335,11 @@ def test_episodes_of_a_server_that_went_away_are_played_again_under_fault_tolera
     from agentrl.chat import ChatRenderer
     from agentrl.engine.base import SamplingParams
     from agentrl.env.factory import EnvFactory
+    from agentrl.records.sample import Status
     from agentrl.rollout.buffer import RolloutDataSourceWithBuffer
     from agentrl.rollout.config import RolloutConfig
     from agentrl.rollout.episode import RolloutContext
     from agentrl.rollout.runner import RolloutRunner
-    from agentrl.rollout.sample import Status
     from tests.support.engines import ScriptedEngine
     from tests.support.tokenizers import tiny_tokenizer
 

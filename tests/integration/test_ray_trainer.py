@@ -7,7 +7,7 @@ import torch
 
 from agentrl.models import build_tiny_model
 from agentrl.placement.cluster import ClusterConfig, TrainerGroup, start_ray
-from agentrl.rollout.sample import Sample, Status, Turn
+from agentrl.records.sample import Sample, Status, Turn
 from agentrl.trainer.actor import MegatronActor
 from agentrl.trainer.config import TrainerConfig
 

@@ -24,7 +24,7 @@ from agentrl.chat import ChatRenderer
 from agentrl.engine import EmbeddedEngine, SamplingParams
 from agentrl.env import make_env
 from agentrl.errors import ChatTemplateError
-from agentrl.rollout.sample import Sample, Status
+from agentrl.records.sample import Sample, Status
 from agentrl.run.export import export_hf
 from agentrl.trainer.actor import MegatronActor
 from agentrl.trainer.config import TrainerConfig

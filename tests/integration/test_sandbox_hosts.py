@@ -26,11 +26,11 @@ from agentrl.placement.sandbox_hosts import (
     SandboxHosts,
     placed_env_factory,
 )
+from agentrl.records.sample import Sample, Status
 from agentrl.rollout.buffer import RolloutDataSourceWithBuffer
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.episode import RolloutContext
 from agentrl.rollout.runner import RolloutRunner
-from agentrl.rollout.sample import Sample, Status
 from agentrl.sandbox import Limits, reap_leftovers
 from tests.support.engines import ScriptedEngine
 from tests.support.ray_nodes import LocalRayCluster, RayNode

@@ -180,9 +180,9 @@ def test_through_the_sglang_router():
 def test_a_server_killed_mid_rollout_loses_no_sample(through_router):
     """Episodes on a server that dies continue on the other (the router retries them, or the
     client fails over): every sample of the rollout is present once and none failed."""
+    from agentrl.records.sample import Status
     from agentrl.rollout import RolloutRunner, env_factory, load_data_source
     from agentrl.rollout.config import RolloutConfig
-    from agentrl.rollout.sample import Status
     from agentrl.run.context import make_rollout_context
 
     async def scenario(urls: list[str], router_url: str | None, procs: list) -> None:

@@ -21,9 +21,9 @@ from agentrl.engine.model import read_checkpoint
 from agentrl.engine.vllm import VLLMEngine
 from agentrl.errors import EngineError
 from agentrl.models import build_tiny_model
+from agentrl.records.sample import Sample, Status
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.episode import Episode, RolloutContext
-from agentrl.rollout.sample import Sample, Status
 from agentrl.trainer.actor import MegatronActor
 from agentrl.trainer.config import TrainerConfig
 from agentrl_envs.calc.env import CalcEnv

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from agentrl.records.sample import Sample, Status
 from agentrl.rollout import RolloutRunner, env_factory, load_data_source
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.sample import Sample, Status
 from agentrl.run.context import make_rollout_context
 
 

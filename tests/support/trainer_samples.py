@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from agentrl.rollout.sample import Sample, Status, Turn
+from agentrl.records.sample import Sample, Status, Turn
 
 
 def uneven_samples(count: int = 6) -> list[Sample]:

@@ -12,8 +12,8 @@ import re
 import pytest
 
 from agentrl.errors import PluginError
+from agentrl.records.sample import Status
 from agentrl.rollout.pipeline import AsyncRollout
-from agentrl.rollout.sample import Status
 from tests.unit.test_rollout_runner import setup
 
 

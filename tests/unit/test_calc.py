@@ -130,10 +130,10 @@ def test_default_prompt_is_unchanged():
 
 def test_env_kwarg_flag_reaches_the_env_and_shortens_samples():
     from agentrl.errors import ConfigError
+    from agentrl.records.sample import Sample
     from agentrl.rollout.build import env_factory
     from agentrl.rollout.config import RolloutConfig
     from agentrl.rollout.demonstrations import oracle_sample
-    from agentrl.rollout.sample import Sample
     from agentrl.run.context import make_rollout_context
     from tests.unit.test_rollout_episode import make_ctx
 

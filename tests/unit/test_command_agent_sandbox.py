@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.errors import ConfigError
-from agentrl.gateway.agents import python_dirs, sandboxed_command
+from agentrl.rollout.agents import python_dirs, sandboxed_command
 from agentrl.rollout.config import RolloutConfig
 
 

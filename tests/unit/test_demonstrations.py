@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from agentrl.errors import DataError
+from agentrl.records.sample import Sample, Status
 from agentrl.rollout.demonstrations import conversation_sample, demonstrations, oracle_sample
-from agentrl.rollout.sample import Sample, Status
 from tests.unit.test_rollout_episode import TASK, make_ctx
 
 CONVERSATION = [

@@ -14,9 +14,9 @@ from agentrl.cli import main
 from agentrl.env import registry
 from agentrl.eval.metrics import pass_at_k, summarize
 from agentrl.eval.runner import run_evaluation
+from agentrl.records.sample import Sample, Status
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.data import RolloutDataSource
-from agentrl.rollout.sample import Sample, Status
 from agentrl.run.evaluate import EvalConfig, evaluate
 from tests.unit.test_rollout_episode import calc_policy, make_ctx
 from tests.unit.test_rollout_runner import TASKS

@@ -20,7 +20,7 @@ import pytest
 
 from agentrl.gateway import Gateway
 from agentrl.gateway.server import default_sampling, renderer_for
-from agentrl.rollout.sample import Sample
+from agentrl.records.sample import Sample
 from tests.support.engines import ScriptedEngine
 from tests.support.tokenizers import tiny_tokenizer
 

@@ -23,7 +23,7 @@ from agentrl.chat import ChatRenderer
 from agentrl.engine.base import GenerateOutput, SamplingParams
 from agentrl.gateway.protocol import APIError, parse_chat_request
 from agentrl.gateway.session import Session
-from agentrl.rollout.sample import Sample
+from agentrl.records.sample import Sample
 from tests.support.tokenizers import qwen25_tokenizer
 from tests.unit.test_rollout_token_exact import TEMPLATES, EchoEnv, ScriptEngine
 

@@ -29,9 +29,9 @@ from agentrl.eval.openai_policy import (
     to_openai_messages,
 )
 from agentrl.eval.runner import EvalSet, evaluate_sets
+from agentrl.records.sample import Sample, Status
 from agentrl.rollout.build import env_factory, scripted_context
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.sample import Sample, Status
 from agentrl.run.evaluate import evaluate, format_table, parse_eval_config
 from agentrl_envs.calc.env import CalcEnv
 

@@ -8,9 +8,9 @@ import collections
 import pytest
 
 from agentrl.eval.metrics import summarize
+from agentrl.records.sample import Sample, Status
 from agentrl.rollout.outcomes import outcome_metrics, succeeded
 from agentrl.rollout.runner import batch_metrics
-from agentrl.rollout.sample import Sample, Status
 from agentrl.run.progress import RunProgress
 
 pytestmark = pytest.mark.unit

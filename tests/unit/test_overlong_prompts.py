@@ -19,6 +19,7 @@ import pytest
 from agentrl.chat import ChatRenderer
 from agentrl.env.factory import EnvFactory
 from agentrl.errors import ConfigError, DataError
+from agentrl.records.sample import Sample, Status
 from agentrl.rollout.buffer import RolloutDataSourceWithBuffer
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.data import RolloutDataSource, SkippedRow
@@ -26,7 +27,6 @@ from agentrl.rollout.demonstrations import demonstrations
 from agentrl.rollout.episode import Episode, RolloutContext
 from agentrl.rollout.overlong import PROMPT_CUT_MARKER, fit_prompt, prompt_ids_within
 from agentrl.rollout.runner import RolloutRunner
-from agentrl.rollout.sample import Sample, Status
 from tests.support.engines import ScriptedEngine
 from tests.support.tokenizers import qwen25_tokenizer, tiny_tokenizer
 from tests.unit.test_rollout_episode import calc_policy, make_ctx

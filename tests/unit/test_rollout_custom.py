@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from agentrl.errors import PluginError
+from agentrl.records.sample import Sample, Status
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.custom import load_custom_generate, run_custom_generate
 from agentrl.rollout.episode import Episode
 from agentrl.rollout.rewards import RewardModels, load_reward_model
-from agentrl.rollout.sample import Sample, Status
 from tests.unit.test_rollout_episode import TASK, calc_policy, check_token_exact, make_ctx
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -12,10 +12,10 @@ import agentrl
 from agentrl.chat import ChatRenderer
 from agentrl.engine.base import SamplingParams
 from agentrl.env.factory import EnvFactory
+from agentrl.records.sample import Sample, Status
+from agentrl.records.trajectory import CUT_MARKER
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.episode import Episode, RolloutContext
-from agentrl.rollout.sample import Sample, Status
-from agentrl.rollout.trajectory import CUT_MARKER
 from tests.support.engines import ScriptedEngine
 from tests.support.tokenizers import tiny_tokenizer
 

@@ -6,11 +6,11 @@ import asyncio
 import json
 import re
 
+from agentrl.records.sample import Status
 from agentrl.rollout.buffer import RolloutDataSourceWithBuffer
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.filters import reward_std_positive
 from agentrl.rollout.runner import RolloutRunner
-from agentrl.rollout.sample import Status
 from tests.support.engines import ScriptedEngine
 from tests.support.tokenizers import tiny_tokenizer
 from tests.unit.test_rollout_episode import calc_policy, make_ctx
@@ -146,7 +146,7 @@ def test_config_validation_names_the_flag():
 
 
 def _failed(gid, index, error="KeyError: 'question'"):
-    from agentrl.rollout.sample import Sample
+    from agentrl.records.sample import Sample
 
     return Sample(group_id=gid, index=index, status=Status.FAILED, reward=0.0,
                   metadata={"error": error, "task_id": f"t{gid}"})
@@ -168,8 +168,8 @@ def test_max_failed_fraction_bounds_the_failures_a_rollout_may_have():
     import pytest
 
     from agentrl.errors import RolloutFailedError
+    from agentrl.records.sample import Sample
     from agentrl.rollout.runner import RolloutBatch
-    from agentrl.rollout.sample import Sample
 
     ok = Sample(group_id=1, index=0, status=Status.COMPLETED, reward=1.0)
     batch = RolloutBatch([[_failed(0, 0), ok], [ok, ok]], {})

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 import agentrl
 from agentrl.chat import CHATML_HERMES_TEMPLATE, ChatRenderer
 from agentrl.engine.base import Engine, GenerateOutput, SamplingParams
+from agentrl.records.sample import Sample, Status
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.episode import Episode, RolloutContext
-from agentrl.rollout.sample import Sample, Status
 from tests.support.tokenizers import qwen25_tokenizer, tiny_tokenizer
 
 pytestmark = pytest.mark.unit

@@ -321,7 +321,7 @@ def test_progress_counts_episodes_and_draws_bars(tmp_path: Path) -> None:
 
     from rich.console import Console
 
-    from agentrl.rollout.sample import Sample
+    from agentrl.records.sample import Sample
     from agentrl.run.progress import RunProgress
 
     screen = io.StringIO()

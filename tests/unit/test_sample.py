@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from agentrl.records.sample import parse_version
 from agentrl.rollout import Sample, Status, Turn
-from agentrl.rollout.sample import parse_version
 
 
 def two_turn_sample() -> Sample:

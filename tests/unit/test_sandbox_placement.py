@@ -16,11 +16,11 @@ from agentrl.env.factory import EnvFactory
 from agentrl.errors import ConfigError
 from agentrl.placement.cluster import ClusterConfig
 from agentrl.placement.sandbox_hosts import NodeInfo, RemoteSandboxPools, SandboxHosts
+from agentrl.records.sample import Sample, Status
 from agentrl.rollout.buffer import RolloutDataSourceWithBuffer
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.episode import Episode, RolloutContext
 from agentrl.rollout.runner import RolloutRunner
-from agentrl.rollout.sample import Sample, Status
 from agentrl.run.flags import parse_args
 from agentrl.sandbox import ExecResult, Limits, SandboxError
 from tests.support.engines import ScriptedEngine

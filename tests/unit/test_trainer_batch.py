@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentrl.errors import ConfigError
-from agentrl.rollout.sample import Sample, Status, Turn
+from agentrl.records.sample import Sample, Status, Turn
 from agentrl.trainer.batch import build_batch, micro_batches
 from agentrl.trainer.config import TrainerConfig, batch_shape
 

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 
 from agentrl.algorithms.advantages import grpo_advantages as trainer_grpo
 from agentrl.models.tiny import build_tiny_model
-from agentrl.rollout.sample import Sample, Status, Turn
+from agentrl.records.sample import Sample, Status, Turn
 from agentrl.view.catalog import Catalog, ViewError, episode_view, grpo_advantages, select_rows
 from agentrl.view.files import JsonlIndex, inside
 

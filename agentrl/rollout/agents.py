@@ -49,12 +49,15 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from agentrl.chat import ChatRenderer
+from agentrl.engine.base import Engine
 from agentrl.env import ToolEnv, as_reward
 from agentrl.errors import AgentRLError, PluginError
 from agentrl.gateway.server import Gateway
 from agentrl.plugins import load_plugin
-from agentrl.rollout.episode import Policy, action_text
-from agentrl.rollout.sample import Sample, Status
+from agentrl.records.sample import Sample, Status
+from agentrl.rollout.config import RolloutConfig
+from agentrl.rollout.episode import Episode, Policy, action_text
 from agentrl.sandbox.base import WORKSPACE, Limits
 from agentrl.sandbox.bwrap import BwrapSandbox
 from agentrl.sandbox.local import ProcessSandbox
@@ -462,18 +465,22 @@ class AgentPlayer:
             tool loop on tasks it can solve); ``None``: the engine's model answers.
     """
 
-    def __init__(self, agent: BlackBoxAgent, config: Any, engine: Any, renderer: Any,
-                 max_context_len: int, model: Policy | None = None) -> None:
+    def __init__(self, agent: BlackBoxAgent, config: RolloutConfig, engine: Engine,
+                 renderer: ChatRenderer, max_context_len: int, model: Policy | None = None) -> None:
         self.agent = agent
         self.model = model
         self.config = config
         self.engine = engine
         self.renderer = renderer
         self.max_context_len = max_context_len
-        self.gateway: Any = None
+        self.gateway: Gateway | None = None
         self._starting = asyncio.Lock()
 
-    async def play(self, episode: Any, *, evaluation: bool) -> list[Sample]:
+    @property
+    def name(self) -> str:
+        return self.agent.name
+
+    async def play(self, episode: Episode, *, evaluation: bool) -> list[Sample]:
         """Plays ``episode`` with the agent (see :func:`play_agent_episode`)."""
         async with self._starting:
             if self.gateway is None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from agentrl.chat import ChatRenderer
 from agentrl.engine.base import Engine, GenerateOutput, SamplingParams
-from agentrl.rollout.sample import Sample, Turn, parse_version
+from agentrl.records.sample import Sample, Turn, parse_version
 
 __all__ = ["CUT_MARKER", "Trajectory", "fit_env_messages", "request_seed", "token_versions_of"]
 
