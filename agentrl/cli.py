@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
+import errno
 import json
+import os
 import shutil
 import sys
 import textwrap
@@ -14,8 +17,10 @@ from collections.abc import Sequence
 from agentrl.config import FlagParser, parse_pairs, unknown_flags_message
 from agentrl.env import CHECKS, TaskFields, check_env, env_spec, import_env_module, list_envs
 from agentrl.errors import AgentRLError, RunInterrupted
+from agentrl.models.catalog import NAMED_MODELS, get_model, import_gguf, is_fetched, models_dir
 from agentrl.models.defaults import EmbeddedDefault, apply_embedded_default
 from agentrl.run.evaluate import EvalConfig, add_eval_arguments, run_eval
+from agentrl.run.export import export_run
 from agentrl.sandbox import reap_leftovers
 from agentrl.view import Catalog, serve
 
@@ -101,9 +106,6 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_view(args: argparse.Namespace) -> int:
-    import asyncio
-    import errno
-
     catalog = Catalog(args.path)  # a path that is neither a run nor an eval: a ViewError, one line
     found = catalog.targets()
     runs = sum(t["kind"] == "run" for t in found)
@@ -128,8 +130,6 @@ def _cmd_view(args: argparse.Namespace) -> int:
 
 
 def _cmd_clean_sandboxes(args: argparse.Namespace) -> int:
-    import os
-
     if args.sandbox_root:  # where a node's sandboxes live (AGENTRL_SANDBOX_ROOT of its processes)
         os.environ["AGENTRL_SANDBOX_ROOT"] = args.sandbox_root
     hosts = [None, *args.docker_host] if args.docker_host else None
@@ -164,8 +164,6 @@ def _cmd_serve_env(args: argparse.Namespace) -> int:
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from agentrl.models.catalog import NAMED_MODELS, get_model, import_gguf, is_fetched, models_dir
-
     if args.action == "list":
         for model in NAMED_MODELS.values():
             state = "fetched" if is_fetched(model.name) else "not fetched"
@@ -185,8 +183,6 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from agentrl.run.export import export_run  # megatron-core, torch
-
     done = export_run(args.run, args.hf, checkpoint=args.checkpoint)
     print(f"agentrl export: {done.describe()}")
     if done.adapter is not None:

@@ -18,8 +18,11 @@ recorded by the server and reported on every output.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import io
 import logging
+import pickle
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Literal
@@ -70,10 +73,6 @@ def serialize_named_tensors(pairs: Sequence[tuple[str, Any]]) -> str:
     pickle of ``[(hf_name, tensor), ...]``, which SGLang unpickles. CUDA tensors are pickled
     with torch's multiprocessing reductions (CUDA IPC handles: the server must share the GPU,
     i.e. be colocated); CPU tensors carry their bytes (any server that can be reached)."""
-    import base64
-    import io
-    import pickle
-
     buffer = io.BytesIO()
     if any(t.is_cuda for _, t in pairs):
         from torch.multiprocessing.reductions import ForkingPickler

@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import shutil
 import tempfile
@@ -85,8 +86,6 @@ def _add_untied_head(directory: str | Path) -> None:
     Raises:
         EngineError: The directory has no input embeddings.
     """
-    import json
-
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -115,8 +114,6 @@ def _add_untied_head(directory: str | Path) -> None:
 def untied_view(checkpoint: str | Path, directory: str | Path) -> Path:
     """``directory`` made a view of a tied ``checkpoint`` for a vLLM server on CPU: links to its
     files, its config without the tie, and the output layer as a weight file of its own."""
-    import json
-
     source, view = Path(checkpoint), Path(directory)
     view.mkdir(parents=True, exist_ok=True)
     for item in source.iterdir():
@@ -135,8 +132,6 @@ def untied_view(checkpoint: str | Path, directory: str | Path) -> Path:
 
 def ties_embeddings(checkpoint: str | Path) -> bool:
     """Whether a Hugging Face directory's model shares its input and output embeddings."""
-    import json
-
     config = Path(checkpoint) / "config.json"
     return config.is_file() and bool(json.loads(config.read_text()).get("tie_word_embeddings", False))
 

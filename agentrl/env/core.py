@@ -20,7 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import gymnasium
 from gymnasium.error import ResetNeeded
@@ -40,12 +40,10 @@ from agentrl.errors import (
 )
 from agentrl.tools.calls import ToolCall
 from agentrl.tools.formats import ToolCallFormat, get_format
+from agentrl.tools.mcp._client import McpEpisode, McpPool
 from agentrl.tools.mcp._server import McpServer, checked_servers
 from agentrl.tools.tool import Injected, Tool
 from agentrl.tools.toolbox import Toolbox, ToolOutcome, error_text
-
-if TYPE_CHECKING:
-    from agentrl.tools.mcp._client import McpEpisode, McpPool
 
 _log = logging.getLogger(__name__)
 
@@ -468,7 +466,6 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
                 raise
         self._context = {type(obj): obj for obj in self.tool_context() if obj is not None}
         if self._mcp_episode is not None:  # not through tool_context(): subclasses override it
-            from agentrl.tools.mcp._client import McpEpisode
 
             self._context[McpEpisode] = self._mcp_episode
         prompt = await _maybe_await(self.make_prompt(task))
@@ -620,8 +617,6 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
 
     async def _open_mcp(self) -> None:
         """Starts or takes the episode's MCP servers and adds their tools to the toolbox."""
-        from agentrl.tools.mcp._client import McpPool
-
         if self.mcp_pool is None:
             self.mcp_pool = McpPool()
             self._owns_mcp_pool = True

@@ -28,15 +28,14 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentrl.env.core import ToolEnv, task_set_of
 from agentrl.env.registry import env_spec
+from agentrl.env.sandboxed import SandboxedToolEnv
 from agentrl.errors import NoTaskSetError
 from agentrl.sandbox import SandboxPools
-
-if TYPE_CHECKING:
-    from agentrl.tools.mcp._client import McpPool
+from agentrl.tools.mcp._client import McpPool
 
 __all__ = ["EnvFactory", "EnvInfo"]
 
@@ -183,8 +182,6 @@ class EnvFactory:
 
     def _mcp(self) -> McpPool:
         if self.mcp_pool is None:
-            from agentrl.tools.mcp._client import McpPool
-
             self.mcp_pool = McpPool()
             self._own_mcp = True
         return self.mcp_pool
@@ -198,7 +195,5 @@ class EnvFactory:
 
 def _takes_sandbox_pools(spec: Any) -> bool:
     """Whether the spec's entry point is a sandboxed env class (it accepts ``sandbox_pools``)."""
-    from agentrl.env.sandboxed import SandboxedToolEnv
-
     target = spec.load()
     return inspect.isclass(target) and issubclass(target, SandboxedToolEnv)

@@ -25,6 +25,7 @@ from typing import Any
 
 import gymnasium
 
+from agentrl.env.core import ToolEnv
 from agentrl.errors import EnvArgumentError, EnvRegistrationError, UnknownEnvError
 
 ENV_ID_PATTERN = re.compile(r"^(?:(?P<ns>[\w.-]+)/)?(?P<name>[\w.-]+?)(?:-v(?P<version>\d+))?$")
@@ -90,8 +91,6 @@ class EnvSpec:
             EnvArgumentError: An argument the constructor does not accept, or a required one
                 missing (the constructor's own errors propagate unchanged).
         """
-        from agentrl.env.core import ToolEnv
-
         factory = self.load()
         arguments = {**self.kwargs, **kwargs}
         try:

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 from agentrl.config import flag, option
 from agentrl.errors import ConfigError
 from agentrl.placement.remote_errors import remote_call
+from agentrl.trainer.config import TrainerConfig
 
 if TYPE_CHECKING:
     from agentrl.records.sample import Sample
-    from agentrl.trainer.config import TrainerConfig
 
 __all__ = ["RAY_NAMESPACE", "SANDBOX_PLACEMENTS", "ClusterConfig", "TrainerGroup", "start_ray"]
 
@@ -193,7 +193,6 @@ class _TrainerRank:
         import torch
 
         from agentrl.trainer.actor import MegatronActor
-        from agentrl.trainer.config import TrainerConfig
 
         torch.set_num_threads(threads)
         config = TrainerConfig(**kwargs.pop("config"))

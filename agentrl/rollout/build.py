@@ -18,6 +18,7 @@ from agentrl.chat import ChatRenderer
 from agentrl.chat.templates import load_chat_template
 from agentrl.engine.base import SamplingParams
 from agentrl.env.factory import EnvFactory
+from agentrl.models.tiny import build_tiny_model
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.episode import EngineTurns, RolloutContext, TurnSource
 from agentrl.sandbox import SandboxPools
@@ -72,7 +73,6 @@ def policy_checkpoint(config: RolloutConfig) -> str:
     (:mod:`agentrl.models.defaults`)."""
     if config.hf_checkpoint is not None:
         return config.hf_checkpoint
-    from agentrl.models.tiny import build_tiny_model  # tokenizer libraries: only when needed
 
     return str(build_tiny_model())
 

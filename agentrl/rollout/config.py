@@ -12,6 +12,7 @@ from typing import Any
 
 from agentrl.chat.templates import load_chat_template
 from agentrl.config import flag, option, parse_pairs
+from agentrl.engine.vllm import logprobs_mode_for
 from agentrl.errors import ConfigError
 
 __all__ = ["RolloutConfig"]
@@ -288,8 +289,6 @@ class RolloutConfig:
             if value is None or not value.isdigit() or int(value) < 1:
                 raise ConfigError(f"--vllm-max-model-len must be a positive integer, got {value!r}")
         if self.rollout_backend == "vllm" and "logprobs-mode" not in self.vllm_args:
-            from agentrl.engine.vllm import logprobs_mode_for
-
             if logprobs_mode_for(self.rollout_temperature, self.rollout_top_p, self.rollout_top_k) is None:
                 raise ConfigError(
                     f"--rollout-temperature {self.rollout_temperature} with --rollout-top-p / "

@@ -25,6 +25,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import dataclasses
+import inspect
 import logging
 import threading
 import time
@@ -291,8 +292,6 @@ def _finalize(state: _SampleState) -> None:
 
 def load_custom_generate(spec: str) -> Any:
     """Loads and checks ``async def custom_generate(args, samples, evaluation=False)``."""
-    import inspect
-
     fn = load_plugin(spec, flag=_FLAG, default_name="custom_generate")
     if not inspect.iscoroutinefunction(fn):
         raise PluginError(f"{_FLAG} {spec!r}: {getattr(fn, '__name__', fn)!r} must be "

@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import copy
 import dataclasses
+import ipaddress
 import signal
 import uuid
 import weakref
@@ -132,8 +133,6 @@ class ServeConfig:
 
 def is_loopback(host: str) -> bool:
     """Whether ``host`` names this machine only."""
-    import ipaddress
-
     if host == "localhost":
         return True
     try:

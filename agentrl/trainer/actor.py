@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import pickle
 import socket
 import time
 from collections.abc import Mapping, Sequence
@@ -573,8 +574,6 @@ class MegatronActor:
                 damaged file, or one saved for another model); names the folder. Or every
                 optimizer step left would train at lr 0; names the flags.
         """
-        import pickle
-
         from megatron.core import dist_checkpointing
         from megatron.core.dist_checkpointing.core import CheckpointingException
         from torch.distributed.checkpoint.api import CheckpointException

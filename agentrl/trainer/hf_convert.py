@@ -58,6 +58,7 @@ comparison.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import shutil
 from collections.abc import Mapping
@@ -297,8 +298,6 @@ def _params_in(model: torch.nn.Module, dtype: torch.dtype) -> None:
 def check_transformer_engine() -> None:
     """Raises ConfigError, saying why, where ``--transformer-impl transformer_engine`` cannot
     run: no CUDA device, or ``transformer_engine`` (with its PyTorch part) does not import."""
-    import importlib
-
     if not torch.cuda.is_available():
         raise ConfigError("--transformer-impl transformer_engine needs a CUDA GPU (Transformer "
                           "Engine has no CPU kernels); use --transformer-impl local here")

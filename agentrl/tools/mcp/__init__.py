@@ -21,6 +21,7 @@ imported when the first server starts.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from agentrl.tools.mcp._server import Lifetime, McpServer
@@ -42,7 +43,6 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
 
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl._version import __version__
 from agentrl.errors import McpServerError, ToolServerError, ToolTimeoutError
+from agentrl.sandbox.base import WORKSPACE
 from agentrl.tools.mcp._server import McpServer
 from agentrl.tools.mcp._tool import McpCalls, McpTool, render_result
 
@@ -183,8 +184,6 @@ class McpConnection:
             return await stack.enter_async_context(streamable_http_client(server.url, http_client=http))
         assert server.command is not None
         if self._sandbox is not None:
-            from agentrl.sandbox.base import WORKSPACE
-
             process = await self._sandbox.spawn(
                 [server.command, *server.args], env=dict(server.env or {}), cwd=server.cwd or WORKSPACE)
             stack.push_async_callback(process.kill)  # also when entering the transport fails
