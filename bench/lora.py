@@ -71,7 +71,7 @@ def child(args: argparse.Namespace) -> None:
     """One side: build, warm up, time ``--rounds`` steps, report as one JSON line."""
     from agentrl.trainer.actor import MegatronActor
     from agentrl.trainer.config import TrainerConfig
-    from agentrl.trainer.hf_convert import export_lora_state_dict
+    from agentrl.trainer.hf_weights import export_lora_state_dict
 
     flags = {"lr": 1e-5, "micro_batch_size": 2}
     if args.child == "lora":

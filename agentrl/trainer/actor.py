@@ -48,13 +48,15 @@ from agentrl.trainer.distributed import init_model_parallel
 from agentrl.trainer.hf_convert import (
     build_gpt_model,
     check_transformer_engine,
-    export_hf_state_dict,
     hf_spec_of,
-    load_hf_weights,
     read_hf_config,
+    unwrap_model,
+)
+from agentrl.trainer.hf_weights import (
+    export_hf_state_dict,
+    load_hf_weights,
     save_hf_checkpoint,
     save_peft_adapter,
-    unwrap_model,
 )
 from agentrl.trainer.lora import LoraConfig, add_lora
 from agentrl.trainer.model_flags import check_model_flags

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from megatron.core.transformer.module import MegatronModule
 
-from agentrl.trainer.hf_convert import build_gpt_model, load_hf_weights, read_hf_state_dict
+from agentrl.trainer.hf_convert import build_gpt_model
+from agentrl.trainer.hf_weights import load_hf_weights, read_hf_state_dict
 
 __all__ = ["ValueModel"]
 

@@ -26,7 +26,7 @@ the right axis (a TP=1 checkpoint resumes at TP=2).
 
 Sequence parallelism is not supported with adapters (the actor refuses the two together).
 
-Exported in PEFT's format by :func:`agentrl.trainer.hf_convert.save_peft_adapter`, beside the
+Exported in PEFT's format by :func:`agentrl.trainer.hf_weights.save_peft_adapter`, beside the
 other Hugging Face exports.
 """
 

@@ -16,7 +16,7 @@ from agentrl.models import build_tiny_model
 from agentrl.records.sample import Sample, Status, Turn
 from agentrl.trainer.actor import MegatronActor
 from agentrl.trainer.config import TrainerConfig
-from agentrl.trainer.hf_convert import export_hf_state_dict, read_hf_state_dict
+from agentrl.trainer.hf_weights import export_hf_state_dict, read_hf_state_dict
 
 
 class DtypeConversions(TorchDispatchMode):

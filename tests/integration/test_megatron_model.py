@@ -20,13 +20,15 @@ from agentrl.errors import ConfigError
 from agentrl.trainer import distributed
 from agentrl.trainer.distributed import destroy_model_parallel, init_model_parallel
 from agentrl.trainer.hf_convert import (
-    WeightMappingError,
     build_gpt_model,
+    padded_vocab_size,
+    transformer_config_from_hf,
+)
+from agentrl.trainer.hf_weights import (
+    WeightMappingError,
     export_hf_state_dict,
     load_hf_weights,
-    padded_vocab_size,
     save_hf_checkpoint,
-    transformer_config_from_hf,
 )
 from agentrl.trainer.model_flags import check_model_flags
 from agentrl.trainer.vocab_parallel import vocab_parallel_entropy, vocab_parallel_logprobs
@@ -494,7 +496,8 @@ def test_transformer_impl_is_checked_and_refused_where_te_cannot_run(monkeypatch
 
 
 def test_transformer_engine_names_the_pre_norms_inside_the_fused_linears() -> None:
-    from agentrl.trainer.hf_convert import HFModelSpec, _layer_rules
+    from agentrl.trainer.hf_convert import HFModelSpec
+    from agentrl.trainer.hf_weights import _layer_rules
 
     spec = HFModelSpec.from_hf(hf_model("qwen2", tie=True)[1])
     local = {m: hf for m, hf, _ in _layer_rules(spec)}

@@ -83,7 +83,7 @@ def _copy_of_tiny_model(tmp_path, weights: bytes | None = None, wrong_shape: boo
 
 def test_a_rank_that_raises_our_error_reports_it_without_colour_codes_or_remote_traceback(
         ray_session, tmp_path):
-    from agentrl.trainer.hf_convert import WeightMappingError
+    from agentrl.trainer.hf_weights import WeightMappingError
 
     group = TrainerGroup(ClusterConfig(), TrainerConfig(), rollout_temperature=1.0,
                          hf_checkpoint=_copy_of_tiny_model(tmp_path, wrong_shape=True))
