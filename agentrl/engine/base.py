@@ -251,7 +251,9 @@ class Engine(abc.ABC):
     max_context_len: int | None = None
     takes_tensors: bool = True
     """``update_weights(state_dict=...)`` reaches the model in memory (the embedded engine,
-    engine actors); ``False`` for servers in processes of their own, which load ``path``."""
+    engine actors); ``False`` for servers in processes of their own, for which ``--weight-sync
+    auto`` writes a folder they load (``tensor`` still serialises the tensors to them where the
+    server can take them, as SGLang's can)."""
     takes_weight_refs: bool = False
     """``update_weights`` also takes a Ray object reference to the state dict (engine actors read
     it from the object store, never copied through the driver)."""
