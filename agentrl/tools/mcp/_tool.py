@@ -7,6 +7,7 @@ Neither imports the MCP SDK: listings and results are read through their attribu
 
 from __future__ import annotations
 
+import abc
 import base64
 import binascii
 import copy
@@ -19,13 +20,14 @@ from agentrl.tools.mcp._server import McpServer
 from agentrl.tools.tool import Injected, Tool
 
 
-class McpCalls(Injected):
+class McpCalls(Injected, abc.ABC):
     """What an :class:`McpTool`'s calls go through in an episode: its connections to the servers.
-    The env injects one into the tool context (:class:`~agentrl.tools.mcp.McpEpisode`)."""
+    The env injects one into the tool context; :class:`~agentrl.tools.mcp.McpEpisode` is the one
+    implementation (this interface lets the tool find it without importing the client)."""
 
+    @abc.abstractmethod
     async def call(self, tool: McpTool, arguments: dict[str, Any]) -> str:
         """Sends ``tool``'s call to its server and returns the result as the model's text."""
-        raise NotImplementedError
 
 
 class McpTool(Tool):
