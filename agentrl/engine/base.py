@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 __all__ = ["Engine", "EpisodeAffinity", "FinishReason", "GenerateOutput", "SamplingParams", "episode_key",
            "spans_from_versions", "versions_from_spans"]
@@ -334,3 +334,37 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Aborts what is in flight and frees the engine. Safe to call twice."""
+
+
+@runtime_checkable
+class LoadsAdapters(Protocol):
+    """An engine that serves LoRA adapters loaded from a PEFT folder on its base model, without
+    reloading weights (vLLM servers: :meth:`~agentrl.engine.vllm.VLLMEngine.update_adapter`);
+    ``--weight-sync adapter`` needs one."""
+
+    async def update_adapter(self, path: str, *, version: str) -> None:
+        """Serves the adapters in ``path`` as ``version`` from the next request on."""
+
+
+@runtime_checkable
+class JoinsWeightGroup(Protocol):
+    """An engine whose servers join the trainer's weight-broadcast group and receive the
+    tensors over it (SGLang servers); ``--weight-sync broadcast`` needs one.
+
+    Attributes:
+        workers: The servers' URLs.
+        down: The URLs of servers taken out of rotation (they do not join).
+        tp_size: Tensor-parallel ranks per server (each joins the group).
+    """
+
+    workers: list[str]
+    down: set[str]
+    tp_size: int
+
+    async def init_weight_group(self, master_address: str, master_port: int, group_name: str,
+                                backend: str = "nccl") -> int:
+        """Every live server's ranks join the group; returns its world size."""
+
+    async def update_weights_from_distributed(self, metadata: Mapping[str, list[Any]], version: str,
+                                              group_name: str) -> None:
+        """Receives one broadcast of tensors named and shaped by ``metadata``."""

@@ -198,9 +198,8 @@ def _check_contract(env: ToolEnv, seed: int, options: Mapping[str, Any] | None,
     if env.mcp_servers:
         if env.mcp_status():
             _fail("close", "the last episode's MCP connections are still open after close()")
-        pool = env.mcp_pool
-        if env._owns_mcp_pool and pool is not None and pool.connections():
-            _fail("close", f"shared MCP servers still run after close(): {pool.connections()}")
+        if running := env.mcp_servers_left_running():
+            _fail("close", f"shared MCP servers still run after close(): {running}")
     return skipped
 
 

@@ -17,7 +17,6 @@ import copy
 import dataclasses
 import inspect
 import json
-import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -25,16 +24,15 @@ from typing import Any, ClassVar
 import gymnasium
 from gymnasium.error import ResetNeeded
 
+from agentrl.env.mcp import EnvMcp
 from agentrl.env.messages import AssistantTurn, Message, MessageList, message_problem
 from agentrl.env.rewards import as_reward
 from agentrl.env.tasks import TaskFields, public_view
 from agentrl.errors import (
     AgentRLError,
     MalformedArgumentsError,
-    McpServerError,
     NoTaskSetError,
     ToolCallParseError,
-    ToolDefinitionError,
     ToolErrorKind,
     UnknownSplitError,
 )
@@ -44,8 +42,6 @@ from agentrl.tools.mcp._client import McpEpisode, McpPool
 from agentrl.tools.mcp._server import McpServer, checked_servers
 from agentrl.tools.tool import Injected, Tool
 from agentrl.tools.toolbox import Toolbox, ToolOutcome, error_text
-
-_log = logging.getLogger(__name__)
 
 Action = str | Mapping[str, Any]
 """An assistant turn: ``{"role": "assistant", "content": str, "tool_calls": [...]}`` or text."""
@@ -293,14 +289,7 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
         self.toolbox = Toolbox(type(self).tools if tools is None else tools)
         self.mcp_servers: tuple[McpServer, ...] = checked_servers(
             type(self).mcp_servers if mcp_servers is None else mcp_servers)
-        self.mcp_pool: McpPool | None = None
-        """Where this env's ``lifetime="run"`` MCP servers are shared (see :meth:`use_mcp_pool`)."""
-        self.mcp_info: list[dict[str, Any]] = []
-        """The MCP servers of the latest episode (name, server_info, lifetime, sandbox,
-        connected, tools); kept after the episode ends."""
-        self._owns_mcp_pool = True
-        self._mcp_episode: McpEpisode | None = None
-        self._mcp_listing_warned = False
+        self._mcp = EnvMcp(type(self).__name__)
         self.max_turns = max_turns
         self.format = (
             tool_call_format
@@ -460,14 +449,15 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
         await self.setup_episode(task)
         if self.mcp_servers:
             try:
-                await self._open_mcp()  # after setup_episode: the episode's sandbox exists
+                # after setup_episode: the episode's sandbox exists
+                self.toolbox = await self._mcp.open(self.mcp_servers, self.toolbox,
+                                                    getattr(self, "sandbox", None))
             except BaseException:
                 await self._close_episode()  # releases the sandbox too
                 raise
         self._context = {type(obj): obj for obj in self.tool_context() if obj is not None}
-        if self._mcp_episode is not None:  # not through tool_context(): subclasses override it
-
-            self._context[McpEpisode] = self._mcp_episode
+        if self._mcp.episode is not None:  # not through tool_context(): subclasses override it
+            self._context[McpEpisode] = self._mcp.episode
         prompt = await _maybe_await(self.make_prompt(task))
         self.messages = list(prompt)
         self._done = False
@@ -560,20 +550,34 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
         try:
             await self._close_episode()
         finally:
-            if self._owns_mcp_pool and self.mcp_pool is not None:
-                await self.mcp_pool.aclose()
+            await self._mcp.aclose()
 
     def use_mcp_pool(self, pool: McpPool) -> None:
         """Shares ``pool``'s ``lifetime="run"`` MCP servers with this env (e.g. the run's, from
         :class:`~agentrl.env.EnvFactory`); its owner closes it, not this env. Call it before
         the first ``reset``."""
-        self.mcp_pool = pool
-        self._owns_mcp_pool = False
+        self._mcp.share(pool)
+
+    @property
+    def mcp_pool(self) -> McpPool | None:
+        """Where this env's ``lifetime="run"`` MCP servers are shared (see :meth:`use_mcp_pool`)."""
+        return self._mcp.pool
+
+    @property
+    def mcp_info(self) -> list[dict[str, Any]]:
+        """The MCP servers of the latest episode (name, server_info, lifetime, sandbox,
+        connected, tools); kept after the episode ends."""
+        return self._mcp.info
 
     def mcp_status(self) -> list[dict[str, Any]]:
         """The current episode's MCP servers (name, server_info, lifetime, sandbox, connected,
         tools); ``[]`` outside an episode or without servers."""
-        return self._mcp_episode.describe() if self._mcp_episode is not None else []
+        return self._mcp.status()
+
+    def mcp_servers_left_running(self) -> list[Any]:
+        """The shared MCP connections of the env's own pool that are still open: none once
+        :meth:`close` has run (a pool given by :meth:`use_mcp_pool` is its owner's to close)."""
+        return self._mcp.running_after_close()
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -609,43 +613,9 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
             self._episode_open = False
             self._done = True
             try:
-                episode, self._mcp_episode = self._mcp_episode, None
-                if episode is not None:  # before the teardown: sandboxed servers go first
-                    await episode.close()
+                await self._mcp.close_episode()  # before the teardown: sandboxed servers go first
             finally:
                 await self.teardown_episode()
-
-    async def _open_mcp(self) -> None:
-        """Starts or takes the episode's MCP servers and adds their tools to the toolbox."""
-        if self.mcp_pool is None:
-            self.mcp_pool = McpPool()
-            self._owns_mcp_pool = True
-        episode = await self.mcp_pool.open_episode(
-            self.mcp_servers, sandbox=getattr(self, "sandbox", None))
-        self._mcp_episode = episode
-        self.mcp_info = episode.describe()
-        missing, changed = [], []
-        for t in episode.tools:
-            known = self.toolbox.get(t.name)
-            if known is None:
-                missing.append(t)
-            elif getattr(known, "server", None) != t.server:  # another tool has the name
-                raise McpServerError(
-                    f"{type(self).__name__}: the tool {t.name!r} of the MCP server "
-                    f"{t.server.label!r} clashes with another tool of the env; set tool_prefix= "
-                    "on the McpServer or leave the tool out with tools=[...]")
-            elif known is not t:
-                changed.append(t.name)
-        if changed and not self._mcp_listing_warned:
-            self._mcp_listing_warned = True
-            _log.warning("%s: the MCP tools %s are listed differently than in an earlier "
-                         "episode; the env keeps the first listing", type(self).__name__, changed)
-        if missing:  # the first episode (or a setup_episode that rebuilt the toolbox)
-            try:
-                self.toolbox = Toolbox([*self.toolbox, *missing])
-            except ToolDefinitionError as exc:  # two servers list one name
-                raise McpServerError(f"{type(self).__name__}: MCP tools clash ({exc}); set "
-                                     "tool_prefix= on one of the McpServers") from exc
 
     def _run_sync(self, coroutine: Any) -> Any:
         try:

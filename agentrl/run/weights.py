@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from agentrl.engine.base import Engine
+from agentrl.engine.base import Engine, JoinsWeightGroup, LoadsAdapters
 from agentrl.errors import ConfigError
 from agentrl.trainer.protocol import Trainer
 
@@ -112,10 +112,10 @@ class AdapterSync(WeightSync):
     mode = "adapter"
 
     def __init__(self, engine: Engine, actor: Trainer, root: str | Path) -> None:
-        if not callable(getattr(engine, "update_adapter", None)):
+        if not isinstance(engine, LoadsAdapters):
             raise ConfigError("--weight-sync adapter is for vLLM servers (--rollout-backend vllm)")
         super().__init__(engine, actor)
-        self.vllm: Any = engine  # an engine that loads adapters (VLLMEngine.update_adapter)
+        self.vllm: LoadsAdapters = engine
         self.root = Path(root)
         self.kept: list[Path] = []
 
@@ -137,11 +137,10 @@ class BroadcastSync(WeightSync):
     mode = "broadcast"
 
     def __init__(self, engine: Engine, actor: Trainer) -> None:
-        if not all(callable(getattr(engine, m, None))
-                   for m in ("init_weight_group", "update_weights_from_distributed")):
+        if not isinstance(engine, JoinsWeightGroup):
             raise ConfigError("--weight-sync broadcast is for SGLang servers (--rollout-backend sglang*)")
         super().__init__(engine, actor)
-        self.sglang: Any = engine  # an engine that joins a broadcast group (SGLangEngine)
+        self.sglang: JoinsWeightGroup = engine
         self.group: str | None = None
         self.metadata: dict[str, list[Any]] | None = None
 

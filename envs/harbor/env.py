@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
-import math
-import os
 import shlex
-import shutil
-import stat
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,12 +13,12 @@ from typing import Any
 from agentrl import EpisodeState
 from agentrl.env import TaskFields, check_split
 from agentrl.env.sandboxed import SandboxedToolEnv
-from agentrl.errors import GradingError
 from agentrl.sandbox import WORKSPACE, Limits, Sandbox
 from agentrl.tools import Tool, Toolbox, ToolCall
 from agentrl.tools.mcp import McpServer
 from agentrl_envs.harbor.images import SEED_DIR, TaskImage, ensure_task_image
 from agentrl_envs.harbor.task import SHIPPED_TASKS, HarborTask, HarborTaskError, load_tasks
+from agentrl_envs.harbor.verifier import LOGS, SOLUTION, TESTS, fill, grade
 from agentrl_envs.swe_tools.env import made_call
 from agentrl_tools import bash, editor, python, run_tests, search, submit
 
@@ -32,15 +27,6 @@ NETWORK_POLICIES = ("task", "offline", "public")
 TOOLS_BY_NAME: dict[str, Tool] = {
     t.name: t for t in (bash, editor, search, submit, python, run_tests)
 }
-TESTS, LOGS, SOLUTION = "/tests", "/logs/verifier", "/solution"
-GRADER_DIRS = (TESTS, LOGS, SOLUTION)
-OUTPUT_TAIL = 2000
-VERIFIER_HOME = "/root"
-VERIFIER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-REWARD_MAX_BYTES = 1 << 20
-MAX_LINK_HOPS = 40  # the kernel's limit on symbolic links followed in one path lookup
-PROC_SELF = ("self", "thread-self")
-OPEN_FILE_LINKS = ("/dev/stdin", "/dev/stdout", "/dev/stderr")
 
 SYSTEM_PROMPT = """\
 You are an agent completing a task in a Linux container (no network). Your working directory \
@@ -90,12 +76,14 @@ class HarborEnv(SandboxedToolEnv):
        ``no-new-privileges``) in the working directory, killed after
        ``[verifier].timeout_sec``, with the image's variables, then ``HOME=/root``, ``PATH`` of
        the system directories, ``PYTHONNOUSERSITE=1``, ``LANG`` and ``TMPDIR``, then
-       ``[verifier].env`` (see :func:`verifier_environment`): nothing the agent set, and no
-       place it could write, apart from the working directory itself. Without root on the host
+       ``[verifier].env`` (see
+       :func:`~agentrl_envs.harbor.verifier.verifier_environment`): nothing the agent set,
+       and no place it could write, apart from the working directory itself. Without root on the host
        the files cannot be given away and the verifier runs as the sandbox's uid, with the
        same environment.
-    5. The reward is read as Harbor reads it (see :func:`read_reward`): ``reward.json`` (its
-       ``reward`` entry, or its only entry) whenever it exists, else ``reward.txt``.
+    5. The reward is read as Harbor reads it (see
+       :func:`~agentrl_envs.harbor.verifier.read_reward`): ``reward.json`` (its ``reward``
+       entry, or its only entry) whenever it exists, else ``reward.txt``.
 
     A missing or malformed reward file, or a verifier that timed out, raises
     :class:`~agentrl.errors.GradingError`: the episode fails with the reason instead of scoring
@@ -302,7 +290,7 @@ class HarborEnv(SandboxedToolEnv):
         call = ToolCall("bash", {"command": command, "timeout": 600})
         if not made_call(history, call):
             if self.sandbox is not None:
-                _fill(self.sandbox.host_dir(SOLUTION), harbor.solution_dir)  # type: ignore[attr-defined]
+                fill(self.sandbox.host_dir(SOLUTION), harbor.solution_dir)  # type: ignore[attr-defined]
             return self.format.render("I will run the reference solution.", [call])
         return self.format.render("The solution ran.", [ToolCall("submit", {})])
 
@@ -324,270 +312,6 @@ def mcp_servers_of(task: HarborTask) -> tuple[McpServer, ...]:
         else:
             servers.append(McpServer(url=entry.url, headers=dict(entry.headers) or None, name=entry.name))
     return tuple(servers)
-
-
-async def grade(sandbox: Any, task: HarborTask, workdir: str) -> tuple[float, dict[str, Any]]:
-    """Runs ``task``'s verifier in ``sandbox`` (a DockerSandbox with HarborEnv's private dirs)
-    and returns (reward, details), as the class docstring of :class:`HarborEnv` describes.
-
-    Raises:
-        GradingError: The verifier timed out or wrote no valid reward file.
-    """
-    await sandbox.stop_processes()
-    cwd = workdir if workdir != "/" else WORKSPACE
-    mounts = (WORKSPACE, *sandbox.workspace_aliases)
-    as_root = os.geteuid() == 0  # only then can the agent's files be given to root
-    removed = await asyncio.to_thread(_hand_over, sandbox, task, cwd, mounts, as_root)
-    as_user = {"user": "root"} if as_root else {}
-    result = await sandbox.exec(["bash", f"{TESTS}/test.sh"], timeout=task.verifier_timeout_s,
-                                env=verifier_environment(task, mounts), cwd=cwd, **as_user)
-    tail = (result.stdout + result.stderr)[-OUTPUT_TAIL:]
-    details: dict[str, Any] = {"exit_code": result.exit_code, "output_tail": tail,
-                               "seconds": round(result.duration_s, 3),
-                               "user": "root" if as_root else str(sandbox.uid),
-                               "removed_links": removed}
-    where = f"Harbor task {task.name}: tests/test.sh"
-    if result.timed_out:
-        raise GradingError(f"{where} did not finish within {task.verifier_timeout_s:g} s "
-                           "(task.toml [verifier].timeout_sec); its output ends with: " + tail[-500:])
-    reward, rewards = read_reward(sandbox.host_dir(LOGS), where, result.exit_code, tail)
-    details["rewards"] = rewards
-    return reward, details
-
-
-def verifier_environment(task: HarborTask, mounts: Sequence[str] = (WORKSPACE,)) -> dict[str, str]:
-    """The variables of ``bash /tests/test.sh`` on top of the image's own: ``HOME`` (``/root``),
-    ``PATH`` (the system directories), ``PYTHONNOUSERSITE=1``, ``LANG`` and ``TMPDIR``, then
-    the task's ``[verifier].env``. A directory under one of ``mounts`` (where the agent's
-    workspace is mounted) is never among them."""
-    home = VERIFIER_HOME if not _within_any(VERIFIER_HOME, mounts) else "/nonexistent"
-    path = ":".join(d for d in VERIFIER_PATH.split(":") if not _within_any(d, mounts))
-    return {"HOME": home, "PATH": path, "PYTHONNOUSERSITE": "1", "LANG": "C.UTF-8",
-            "TMPDIR": "/tmp", **task.verifier_env}
-
-
-def read_reward(logs: str, where: str, exit_code: int | None,
-                tail: str = "") -> tuple[float, dict[str, float | int]]:
-    """The reward a verifier wrote into ``logs``, read as Harbor reads it, and every entry.
-
-    ``reward.json`` wins whenever it exists (``reward.txt`` is then not read). It must be a
-    JSON object whose values are all numbers (``true``/``false`` count as 1.0/0.0, as Harbor's
-    result model makes them) and finite; the episode's reward is its ``reward`` entry, else its
-    only entry. ``reward.txt`` must hold one finite number as Python's ``float`` reads it
-    (surrounding whitespace allowed). The files are UTF-8.
-
-    Returns:
-        (the reward, the entries as Harbor records them: ``{"reward": value}`` for
-        ``reward.txt``; ints stay ints).
-
-    Raises:
-        GradingError: Neither file exists; the one read is empty, malformed, a symbolic link or
-            not a regular file, larger than 1 MiB; a value is not a finite number; or
-            ``reward.json`` has several entries and none named ``reward`` (or none at all),
-            for which Harbor records no reward either.
-    """
-    json_path, txt_path = os.path.join(logs, "reward.json"), os.path.join(logs, "reward.txt")
-    if os.path.lexists(json_path):
-        text = _reward_text(json_path, where)
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise GradingError(f"{where} wrote a malformed /logs/verifier/reward.json: {exc}") from exc
-        for value in data.values() if isinstance(data, dict) else [data]:
-            if not isinstance(value, (int, float)) or (isinstance(value, float) and not math.isfinite(value)):
-                raise GradingError(f"{where} wrote /logs/verifier/reward.json with a value that is "
-                                   f"not a finite number: {str(value)[:200]}")
-        if not isinstance(data, dict):
-            raise GradingError(f"{where} wrote /logs/verifier/reward.json that is a bare number, "
-                               f"not a JSON object of rewards: {text[:200]}")
-        rewards = {k: float(v) if isinstance(v, bool) else v for k, v in data.items()}
-        if "reward" in rewards:
-            primary = rewards["reward"]
-        elif len(rewards) == 1:
-            primary = next(iter(rewards.values()))
-        else:
-            raise GradingError(f"{where} wrote /logs/verifier/reward.json with "
-                               f"{len(rewards) or 'no'} entries and none named 'reward': "
-                               f"{sorted(rewards)[:20]}")
-        try:
-            return float(primary), rewards
-        except OverflowError:
-            raise GradingError(f"{where} wrote /logs/verifier/reward.json with a reward too large "
-                               "for a float") from None
-    if os.path.lexists(txt_path):
-        text = _reward_text(txt_path, where)
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value):
-            raise GradingError(f"{where} wrote /logs/verifier/reward.txt that is not one finite "
-                               f"number: {text.strip()[:200]!r}")
-        return value, {"reward": value}
-    raise GradingError(f"{where} wrote no /logs/verifier/reward.txt or reward.json (exit code "
-                       f"{exit_code}); its output ends with: {tail[-500:]}")
-
-
-def _reward_text(path: str, where: str) -> str:
-    """The text of a reward file: a regular file (never followed through a symbolic link, which
-    could point anywhere on this machine), not empty, at most REWARD_MAX_BYTES, UTF-8."""
-    name = "/logs/verifier/" + os.path.basename(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as exc:
-        kind = "a symbolic link" if os.path.islink(path) else f"unreadable ({exc.strerror})"
-        raise GradingError(f"{where} wrote {name} that is {kind}") from exc
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise GradingError(f"{where} wrote {name} that is not a regular file")
-        chunks: list[bytes] = []
-        size = 0
-        while size <= REWARD_MAX_BYTES and (chunk := os.read(fd, REWARD_MAX_BYTES + 1 - size)):
-            chunks.append(chunk)
-            size += len(chunk)
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if not data:
-        raise GradingError(f"{where} wrote an empty {name}")
-    if len(data) > REWARD_MAX_BYTES:
-        raise GradingError(f"{where} wrote {name} larger than {REWARD_MAX_BYTES} bytes")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise GradingError(f"{where} wrote {name} that is not UTF-8: {exc}") from exc
-
-
-def _hand_over(sandbox: Any, task: HarborTask, cwd: str, mounts: Sequence[str],
-               as_root: bool) -> list[str]:
-    """Readies the sandbox for the verifier once nothing of the agent runs any more: copies the
-    tests in, empties the log directory, removes the workspace's symbolic links that lead into
-    the grader's directories (see :func:`_leads_to_grader`), and gives every file of the
-    workspace to root when ``as_root`` (else the log directory to the sandbox's uid, which then
-    runs the verifier). Returns the removed links, as paths under ``cwd``."""
-    _fill(sandbox.host_dir(TESTS), task.tests_dir)
-    logs = sandbox.host_dir(LOGS)
-    _empty(logs)
-    removed = _clean_workspace(sandbox.workspace, mounts, cwd, owner=0 if as_root else None)
-    if not as_root:
-        try:
-            os.chown(logs, sandbox.uid, sandbox.uid)
-        except PermissionError:  # not root: the directory is ours, so open it up instead
-            os.chmod(logs, 0o777)
-    return removed
-
-
-def _clean_workspace(root: str, mounts: Sequence[str], shown_under: str, owner: int | None) -> list[str]:
-    """Removes the symbolic links of the host directory ``root`` (mounted in the container at
-    each of ``mounts``) that lead to the grader's directories, and with ``owner`` gives every
-    other file and directory (``root`` included) to that uid and gid. Returns the removed links
-    as container paths under ``shown_under``."""
-    links: list[str] = []
-    stack = [root]
-    while stack:
-        try:
-            entries = os.scandir(stack.pop())
-        except PermissionError:  # not root, and the agent locked it: the verifier cannot enter either
-            continue
-        with entries:
-            for entry in entries:
-                if entry.is_symlink():
-                    links.append(entry.path)
-                    continue
-                if owner is not None:
-                    os.lchown(entry.path, owner, owner)
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-    if owner is not None:
-        os.chown(root, owner, owner)
-
-    doomed = {link for link in links
-              if any(_leads_to_grader(mount + link[len(root):], root, mounts) for mount in mounts)}
-    for link in doomed:
-        os.unlink(link)
-    for link in links:
-        if owner is not None and link not in doomed:
-            os.lchown(link, owner, owner)
-    return sorted(shown_under.rstrip("/") + link[len(root):] for link in doomed)
-
-
-def _host_path(path: str, root: str, mounts: Sequence[str]) -> str | None:
-    """The host path of the container path ``path`` when it lies in the workspace (mounted at
-    each of ``mounts``, backed by the host directory ``root``), else None."""
-    for mount in sorted(mounts, key=len, reverse=True):
-        if path == mount or path.startswith(mount + "/"):
-            return root + path[len(mount):]
-    return None
-
-
-def _leads_to_grader(path: str, root: str, mounts: Sequence[str]) -> bool:
-    """Whether resolving the container path ``path`` as the kernel would, following the
-    symbolic links of the workspace (the host directory ``root``, mounted at each of
-    ``mounts``), reaches one of the grader's directories (``/tests``, ``/logs/verifier``,
-    ``/solution``), ends on a directory that holds one (``/``, ``/logs``), or goes through a
-    process's own directory under ``/proc`` or an open-file link (``/dev/fd``, ``/dev/stdin``,
-    ...), which reach any file a process has open, or its root or working directory.
-
-    The image's own links are not visible from here, so a ``..`` taken outside the workspace
-    (where one of them may have led: ``/var/run/..`` is ``/``, not ``/var``) counts as reaching
-    the grader too."""
-    pending = [part for part in path.split("/") if part]
-    here: list[str] = []
-    hops = 0
-    while pending:
-        part = pending.pop(0)
-        current = "/" + "/".join(here)
-        if part == ".":
-            continue
-        if part == "..":
-            if here and _host_path(current, root, mounts) is None:
-                return True
-            if here:
-                here.pop()
-            continue
-        here.append(part)
-        current = "/" + "/".join(here)
-        if (any(_within(current, d) for d in GRADER_DIRS) or current in OPEN_FILE_LINKS
-                or _within(current, "/dev/fd")
-                or (here[0] == "proc" and len(here) >= 2 and (here[1].isdigit() or here[1] in PROC_SELF))):
-            return True
-        host = _host_path(current, root, mounts)
-        if host is not None and os.path.islink(host):
-            hops += 1
-            if hops > MAX_LINK_HOPS:  # the kernel gives up too (ELOOP)
-                return False
-            target = os.readlink(host)
-            here.pop()
-            if target.startswith("/"):
-                here = []
-            pending[:0] = [p for p in target.split("/") if p]
-    final = "/" + "/".join(here)
-    return any(_within(d, final) for d in GRADER_DIRS)
-
-
-def _within(path: str, directory: str) -> bool:
-    """Whether ``path`` is ``directory`` or lies under it (absolute, normalized paths)."""
-    return path == directory or path.startswith(directory.rstrip("/") + "/")
-
-
-def _within_any(path: str, directories: Sequence[str]) -> bool:
-    return any(_within(path, d) for d in directories)
-
-
-def _fill(host_dir: str, source: Path) -> None:
-    """Replaces ``host_dir``'s contents with a copy of ``source``."""
-    _empty(host_dir)
-    if source.is_dir():
-        shutil.copytree(source, host_dir, dirs_exist_ok=True, symlinks=False)
-
-
-def _empty(host_dir: str) -> None:
-    for name in os.listdir(host_dir):
-        path = os.path.join(host_dir, name)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        else:
-            os.unlink(path)
 
 
 def _resolve_tools(tools: Sequence[str | Tool] | None) -> list[Tool] | None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrl_envs.harbor.env import VERIFIER_PATH, _clean_workspace, verifier_environment
 from agentrl_envs.harbor.task import load_task
+from agentrl_envs.harbor.verifier import VERIFIER_PATH, _clean_workspace, verifier_environment
 from tests.unit.test_harbor_task import make_task
 
 MOUNTS = ("/workspace", "/app")

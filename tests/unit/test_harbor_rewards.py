@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.errors import GradingError
-from agentrl_envs.harbor.env import REWARD_MAX_BYTES, read_reward
+from agentrl_envs.harbor.verifier import REWARD_MAX_BYTES, read_reward
 
 WHERE = "Harbor task t: tests/test.sh"
 

@@ -321,7 +321,7 @@ def test_env_factory_shares_one_mcp_pool(monkeypatch):
     factory = EnvFactory("mcp-unit")
     one, two = factory(), factory.for_env("mcp-unit")()
     assert isinstance(one.mcp_pool, McpPool) and one.mcp_pool is two.mcp_pool is factory.mcp_pool
-    assert not one._owns_mcp_pool and factory.make("calc").mcp_pool is None
+    assert not one._mcp.owns_pool and factory.make("calc").mcp_pool is None
     for env in (one, two):
         env.close()
     asyncio.run(factory.aclose())
