@@ -26,7 +26,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from agentrl.engine.base import (
     Engine,
@@ -37,16 +37,32 @@ from agentrl.engine.base import (
 )
 from agentrl.errors import EngineError
 
-__all__ = ["HTTPEngine", "WorkerUnreachable"]
+__all__ = ["HTTPEngine", "ServerSupervisor", "WorkerUnreachable"]
 
 log = logging.getLogger(__name__)
 
 Self = TypeVar("Self", bound="HTTPEngine")
 
-
-
 WAIT_NOTE_S = 10.0
 """Seconds between the lines that say a server is still awaited."""
+
+
+class ServerSupervisor(Protocol):
+    """Whoever started an engine's servers and keeps them up (a run's
+    :class:`~agentrl.placement.servers.EngineServers`): it restarts one that dies and tells the
+    engine through :meth:`HTTPEngine.replace_worker`.
+
+    Attributes:
+        urls: The servers' URLs, in start order (a restarted server's new URL replaces its old).
+        restarts: How many servers it has restarted.
+    """
+
+    urls: list[str]
+    restarts: int
+
+    def kill_server(self, index: int) -> None:
+        """Kills server ``index``'s process now, as a crash would (fault-tolerance tests)."""
+
 
 class WorkerUnreachable(EngineError):
     """A server did not accept the connection (it died or never started)."""
@@ -102,7 +118,7 @@ class HTTPEngine(Engine):
         self.stats = {"requests": 0, "retries": 0, "failovers": 0}
         self.last_weights_path: str | None = None
         """The directory of the latest ``update_weights(path=...)`` (a restarted server loads it)."""
-        self.servers: Any = None
+        self.servers: ServerSupervisor | None = None
         """Whoever started the servers (they stop when this engine closes), if not the caller."""
         self.down: set[str] = set()
         """Workers found unreachable (skipped until :meth:`readmit`)."""
