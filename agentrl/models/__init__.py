@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["TINY_MODEL_CONFIG", "build_tiny_model"]
+__all__ = ["TINY_MODEL_CONFIG", "TINY_MOE_CONFIG", "build_tiny_model", "build_tiny_moe_model"]
 
 
 def __getattr__(name: str) -> Any:

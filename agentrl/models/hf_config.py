@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EMBEDDED_MODEL_TYPES", "architecture", "check_safetensors_headers", "check_supported",
-           "load_tokenizer", "read_config", "read_safetensors", "rope_theta", "safetensors_files",
+__all__ = ["EMBEDDED_MODEL_TYPES", "MOE_MODEL_TYPES", "architecture", "check_safetensors_headers",
+           "check_supported", "load_tokenizer", "mixture_of_experts", "read_config", "read_safetensors", "rope_theta", "safetensors_files",
            "safetensors_specs"]
 
 EMBEDDED_MODEL_TYPES = ("qwen2", "llama")
@@ -78,6 +78,41 @@ def architecture(raw: Mapping[str, Any], error: type[Exception]) -> dict[str, An
         "max_position_embeddings": int(raw.get("max_position_embeddings", 4096)),
         "tie_word_embeddings": bool(raw.get("tie_word_embeddings", False)),
     }
+
+
+MOE_MODEL_TYPES = ("qwen3_moe",)
+"""Model types whose MLPs are mixtures of experts (read by :func:`mixture_of_experts`)."""
+
+
+def mixture_of_experts(raw: Mapping[str, Any], error: type[Exception]) -> dict[str, Any]:
+    """The mixture-of-experts fields of a config, as both readers name them; all zero / false
+    for a dense model.
+
+    Qwen3-MoE routes each token to its ``num_experts_per_tok`` experts of highest softmax
+    score; ``norm_topk_prob`` renormalises the chosen scores to sum to 1. The expert count is
+    ``num_experts`` (the name in Qwen's configs; transformers 5 writes ``num_local_experts``).
+
+    Raises:
+        error: A layout neither reader implements (dense layers among the sparse ones, more
+            experts per token than experts); the message names the field.
+    """
+    if raw.get("model_type") not in MOE_MODEL_TYPES:
+        return {"num_experts": 0, "moe_topk": 0, "moe_intermediate_size": 0, "norm_topk_prob": False}
+    experts = raw.get("num_experts", raw.get("num_local_experts"))
+    if not isinstance(experts, int) or experts < 1:
+        raise error(f"config field 'num_experts' is {experts!r}; a mixture-of-experts model needs "
+                    "a positive expert count")
+    topk = int(raw.get("num_experts_per_tok", 0))
+    if not 1 <= topk <= experts:
+        raise error(f"config field 'num_experts_per_tok' is {topk}; it must be between 1 and "
+                    f"num_experts ({experts})")
+    if int(raw.get("decoder_sparse_step", 1)) != 1 or raw.get("mlp_only_layers"):
+        raise error("config fields 'decoder_sparse_step' / 'mlp_only_layers' make some layers "
+                    "dense; only models whose every layer is a mixture of experts are supported "
+                    "(decoder_sparse_step = 1, mlp_only_layers = [])")
+    return {"num_experts": experts, "moe_topk": topk,
+            "moe_intermediate_size": int(raw["moe_intermediate_size"]),
+            "norm_topk_prob": bool(raw.get("norm_topk_prob", False))}
 
 
 def rope_theta(raw: Mapping[str, Any], error: type[Exception]) -> float:

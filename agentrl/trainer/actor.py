@@ -135,6 +135,8 @@ class MegatronActor:
         if config.recompute_activations:
             overrides.update(recompute_granularity="full", recompute_method="uniform",
                              recompute_num_layers=1)
+        if config.moe_aux_loss_coeff:
+            overrides["moe_aux_loss_coeff"] = config.moe_aux_loss_coeff
         self.model = self._build(overrides)
         self.vocab_size = hf_spec_of(self.model).vocab_size
         self.ref_model = None
@@ -460,8 +462,15 @@ class MegatronActor:
         """This data-parallel replica's share of a step's micro-batches (round robin). Losses
         are divided by the whole step's denominator, so the replicas' parts add up to the step's
         loss; each backward is scaled by the replica count because Megatron's DDP averages
-        gradients over replicas."""
-        return self._micro(batch)[self.dp_rank :: self.dp_size]
+        gradients over replicas. A mixture of experts' load-balancing loss is averaged over
+        the micro-batches the same way (megatron adds its gradient at a scale the training loop
+        sets)."""
+        mine = self._micro(batch)[self.dp_rank :: self.dp_size]
+        if self.config.moe_aux_loss_coeff:
+            from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+            MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(1.0 / max(len(mine), 1), device=self.device))
+        return mine
 
     def _micro(self, batch: TrainBatch) -> list[list[int]]:
         lengths = batch.lengths.tolist()

@@ -105,6 +105,10 @@ class TrainerConfig:
                                    "with torch's fused attention; runs anywhere) | "
                                    "transformer_engine (Transformer Engine's fused layers; needs "
                                    "CUDA and the transformer_engine package)")
+    # mixture of experts (Qwen3-MoE checkpoints)
+    moe_aux_loss_coeff: float = option(0.0, "load-balancing loss coefficient of a mixture-of-"
+                                       "experts model (megatron's aux_loss; 0: off, the usual "
+                                       "choice when RL fine-tunes a trained router)")
     # batch
     global_batch_size: int | None = option(None, "samples per optimizer step (default: the whole "
                                            "rollout, one step per rollout)")

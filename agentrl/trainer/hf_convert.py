@@ -55,6 +55,7 @@ __all__ = [
     "build_gpt_model",
     "check_transformer_engine",
     "hf_spec_of",
+    "moe_fields",
     "padded_vocab_size",
     "parallel_sizes",
     "read_hf_config",
@@ -85,8 +86,8 @@ def transformer_config_from_hf(
 ) -> Any:
     """Builds megatron's ``TransformerConfig`` for a Hugging Face config.
 
-    RMSNorm, gated SiLU MLP, no linear biases (q/k/v biases for Qwen2, per-head q/k RMSNorm for
-    Qwen3), grouped-query attention, dropout 0 (RL fine-tuning; pass ``hidden_dropout`` /
+    RMSNorm, gated SiLU MLP (a mixture of them for Qwen3-MoE: :func:`moe_fields`), no linear
+    biases (q/k/v biases for Qwen2, per-head q/k RMSNorm for Qwen3), grouped-query attention, dropout 0 (RL fine-tuning; pass ``hidden_dropout`` /
     ``attention_dropout`` to change it), CPU initialisation without CUDA, and the parallel
     sizes of the initialised model-parallel groups. The rotary base is a ``GPTModel`` argument,
     not a config field: :func:`build_gpt_model` passes it.
@@ -140,8 +141,41 @@ def transformer_config_from_hf(
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
     )
+    aux_loss_coeff = float(overrides.pop("moe_aux_loss_coeff", 0.0))
+    if spec.is_moe:
+        fields.update(moe_fields(spec, aux_loss_coeff))
+    elif aux_loss_coeff:
+        raise ConfigError(f"--moe-aux-loss-coeff {aux_loss_coeff:g} is for mixture-of-experts "
+                          f"models; the checkpoint is a dense {spec.model_type} model")
     fields.update(overrides)
     return TransformerConfig(**fields)
+
+
+def moe_fields(spec: HFModelSpec, aux_loss_coeff: float = 0.0) -> dict[str, Any]:
+    """``TransformerConfig`` fields of a mixture-of-experts model, routed as transformers'
+    ``Qwen3MoeForCausalLM`` routes: softmax router scores over every expert, the ``moe_topk``
+    highest kept, renormalised to sum to 1 when ``norm_topk_prob``. Megatron's top-k before
+    softmax (``moe_router_pre_softmax=False``) is that renormalisation: a softmax over the
+    chosen logits equals the chosen softmax scores divided by their sum.
+
+    The experts run one after another (``SequentialMLP``: the expert names and shapes of a
+    dense MLP, and no grouped-GEMM kernel to need), and tokens reach them by the all-gather
+    dispatcher (the all-to-all one needs CUDA streams). The load-balancing loss is megatron's
+    ``aux_loss`` with ``aux_loss_coeff`` (``--moe-aux-loss-coeff``; 0 turns it off: RL fine-tuning
+    of a trained router rarely wants it, and Qwen3-MoE's ``router_aux_loss_coef`` is a
+    pre-training setting).
+    """
+    return dict(
+        num_moe_experts=spec.num_experts,
+        moe_router_topk=spec.moe_topk,
+        moe_ffn_hidden_size=spec.moe_intermediate_size,
+        moe_router_pre_softmax=not spec.norm_topk_prob,
+        moe_router_score_function="softmax",
+        moe_grouped_gemm=False,
+        moe_token_dispatcher_type="allgather",
+        moe_router_load_balancing_type="aux_loss" if aux_loss_coeff else "none",
+        moe_aux_loss_coeff=aux_loss_coeff,
+    )
 
 
 def build_gpt_model(
@@ -201,9 +235,11 @@ def build_gpt_model(
             get_gpt_layer_with_transformer_engine_spec,
         )
 
-        layer_spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=spec.qk_norm)
+        layer_spec = get_gpt_layer_with_transformer_engine_spec(
+            num_experts=spec.num_experts or None, moe_grouped_gemm=False, qk_layernorm=spec.qk_norm)
     elif transformer_impl == "local":
-        layer_spec = use_sdpa_attention(get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm))
+        layer_spec = use_sdpa_attention(get_gpt_layer_local_spec(
+            num_experts=spec.num_experts or None, moe_grouped_gemm=False, qk_layernorm=spec.qk_norm))
     else:
         raise ConfigError(f"--transformer-impl must be local or transformer_engine, got "
                           f"{transformer_impl!r}")

@@ -14,14 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError
-from agentrl.models.hf_config import architecture, check_supported, read_config
+from agentrl.models.hf_config import architecture, check_supported, mixture_of_experts, read_config
 
 __all__ = ["ARCHITECTURES", "SUPPORTED_MODEL_TYPES", "HFModelSpec", "padded_vocab_size", "read_hf_config"]
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "qwen3_moe", "llama")
 ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
     "llama": "LlamaForCausalLM",
 }
 
@@ -35,10 +36,10 @@ class HFModelSpec:
     Attributes:
         raw: The ``config.json`` dict it was read from (written back by
             :func:`save_hf_checkpoint`).
-        model_type: ``qwen2``, ``qwen3`` or ``llama``.
+        model_type: ``qwen2``, ``qwen3``, ``qwen3_moe`` or ``llama``.
         vocab_size: Real vocabulary size (before Megatron's padding).
         hidden_size: Residual width.
-        intermediate_size: MLP width.
+        intermediate_size: MLP width (of a dense layer).
         num_layers: Decoder layers.
         num_heads: Query heads.
         num_kv_heads: Key/value heads (query groups).
@@ -48,8 +49,12 @@ class HFModelSpec:
         max_position_embeddings: Context length.
         tie_word_embeddings: The output layer shares the embedding matrix.
         qkv_bias: q/k/v projections have biases (Qwen2).
-        qk_norm: Per-head RMSNorm on queries and keys (Qwen3).
+        qk_norm: Per-head RMSNorm on queries and keys (Qwen3, Qwen3-MoE).
         initializer_range: Std of the random init (used for models built from flags).
+        num_experts: Experts of each layer's mixture (0: a dense model).
+        moe_topk: Experts each token is routed to (``num_experts_per_tok``).
+        moe_intermediate_size: One expert's MLP width.
+        norm_topk_prob: The chosen experts' router scores are renormalised to sum to 1.
     """
 
     raw: dict[str, Any]
@@ -68,6 +73,15 @@ class HFModelSpec:
     qkv_bias: bool
     qk_norm: bool
     initializer_range: float
+    num_experts: int = 0
+    moe_topk: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether every layer's MLP is a mixture of experts."""
+        return self.num_experts > 0
 
     @classmethod
     def from_hf(cls, hf_config: Mapping[str, Any] | str | Path | Any) -> HFModelSpec:
@@ -84,7 +98,7 @@ class HFModelSpec:
             raise ConfigError("config field 'mlp_bias' is true; MLP biases are not supported")
         # Megatron has one bias switch for q/k/v (add_qkv_bias) and one for every other linear
         # layer; Llama's attention_bias also biases o_proj, which it cannot express alone.
-        if model_type in ("llama", "qwen3") and raw.get("attention_bias"):
+        if model_type in ("llama", "qwen3", "qwen3_moe") and raw.get("attention_bias"):
             raise ConfigError("config field 'attention_bias' is true; attention output biases "
                               "are not supported")
         return cls(
@@ -92,8 +106,9 @@ class HFModelSpec:
             model_type=model_type,
             **architecture(raw, ConfigError),
             qkv_bias=model_type == "qwen2",
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
             initializer_range=float(raw.get("initializer_range", 0.02)),
+            **mixture_of_experts(raw, ConfigError),
         )
 
 

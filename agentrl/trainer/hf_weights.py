@@ -20,7 +20,15 @@ Megatron (local spec)                          Hugging Face
 ``pre_mlp_layernorm.weight``                   ``post_attention_layernorm.weight``
 ``mlp.linear_fc1.weight``                      [``gate_proj``; ``up_proj``]
 ``mlp.linear_fc2.weight``                      ``down_proj``
+``mlp.router.weight``                          ``mlp.gate.weight`` (Qwen3-MoE)
+``mlp.experts.local_experts.{e}.linear_fc1``   [``mlp.experts.{e}.gate_proj``; ``up_proj``]
+``mlp.experts.local_experts.{e}.linear_fc2``   ``mlp.experts.{e}.down_proj``
 =============================================  ===============================================
+
+A mixture-of-experts layer (Qwen3-MoE) has a router and experts instead of the dense MLP; each
+expert is laid out and split like a dense MLP, and the router is whole on every rank. The
+Hugging Face names are those of the checkpoint files (transformers 5 fuses the experts into
+``mlp.experts.gate_up_proj`` in memory, and writes them per expert).
 
 Transformer Engine's spec folds each pre-norm into the linear layer after it: there
 ``input_layernorm.weight`` is ``self_attention.linear_qkv.layer_norm_weight`` and
@@ -122,13 +130,34 @@ _TE_FUSED_NORMS = {
 fused norm + linear layer that follows the norm)."""
 
 
+_DENSE_MLP = ("mlp.linear_fc1.weight", "mlp.linear_fc2.weight")
+"""The Megatron names of a dense layer's MLP, which a mixture-of-experts layer replaces by
+:func:`_expert_rules`."""
+
+
+def _expert_rules(spec: HFModelSpec) -> list[tuple[str, tuple[str, ...], str]]:
+    """A mixture-of-experts layer's MLP: the router (replicated over TP) and each expert, an MLP
+    laid out and split like a dense one (megatron's ``SequentialMLP``)."""
+    rules = [("mlp.router.weight", ("mlp.gate.weight",), "replicated")]
+    for e in range(spec.num_experts):
+        local = f"mlp.experts.local_experts.{e}"
+        rules += [(f"{local}.linear_fc1.weight",
+                   (f"mlp.experts.{e}.gate_proj.weight", f"mlp.experts.{e}.up_proj.weight"), "gated"),
+                  (f"{local}.linear_fc2.weight", (f"mlp.experts.{e}.down_proj.weight",), "columns")]
+    return rules
+
+
 def _layer_rules(spec: HFModelSpec, *, fused_norms: bool = False
                  ) -> list[tuple[str, tuple[str, ...], str]]:
     """The per-layer rules this architecture has; ``fused_norms``: with Transformer Engine's
-    names for the pre-norms."""
-    names = _TE_FUSED_NORMS if fused_norms else {}
-    return [(names.get(m, m), h, kind) for m, h, kind, flag in _LAYER_RULES
-            if flag is None or getattr(spec, flag)]
+    names for the pre-norms (a mixture-of-experts layer keeps its pre-MLP norm apart: there is
+    no single linear layer after it to fold it into)."""
+    names = dict(_TE_FUSED_NORMS) if fused_norms else {}
+    if spec.is_moe:
+        names.pop("pre_mlp_layernorm.weight", None)
+    rules = [(names.get(m, m), h, kind) for m, h, kind, flag in _LAYER_RULES
+             if (flag is None or getattr(spec, flag)) and not (spec.is_moe and m in _DENSE_MLP)]
+    return rules + _expert_rules(spec) if spec.is_moe else rules
 
 
 def _has_fused_norms(layer: Any) -> bool:
@@ -166,14 +195,17 @@ def _hf_shapes(rule: _Rule, spec: HFModelSpec) -> list[tuple[int, ...]]:
         rows = (spec.num_heads * d, spec.num_kv_heads * d, spec.num_kv_heads * d)
         bias = rule.megatron.endswith(".bias")
         return [(r,) if bias else (r, hidden) for r in rows]
+    width = spec.moe_intermediate_size if ".experts." in rule.megatron else spec.intermediate_size
     if rule.kind == "gated":
-        return [(spec.intermediate_size, hidden)] * 2
+        return [(width, hidden)] * 2
     if rule.kind == "vocab":
         return [(spec.vocab_size, hidden)]
     if rule.kind == "columns":
         if "linear_proj" in rule.megatron:
             return [(hidden, spec.num_heads * d)]
-        return [(hidden, spec.intermediate_size)]
+        return [(hidden, width)]
+    if rule.megatron.endswith("mlp.router.weight"):
+        return [(spec.num_experts, hidden)]
     if "_layernorm" in rule.megatron and "self_attention" in rule.megatron:
         return [(d,)]  # Qwen3's per-head q/k norms
     return [(hidden,)]
@@ -224,6 +256,25 @@ def _merge(rule: _Rule, shards: list[torch.Tensor], spec: HFModelSpec) -> list[t
     return [t.reshape(-1, *tail) for t in (q, k, v)]
 
 
+def _experts_one_by_one(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with transformers 5's in-memory expert tensors (``mlp.experts.gate_up_proj``
+    ``[experts, 2 * width, hidden]``, gate rows first, and ``mlp.experts.down_proj``
+    ``[experts, hidden, width]``) written per expert, as checkpoint files name them."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        prefix, _, fused = name.rpartition("mlp.experts.")
+        if fused == "gate_up_proj" and tensor.dim() == 3:
+            for e, rows in enumerate(tensor):
+                gate, up = rows.chunk(2)
+                out[f"{prefix}mlp.experts.{e}.gate_proj.weight"] = gate
+                out[f"{prefix}mlp.experts.{e}.up_proj.weight"] = up
+        elif fused == "down_proj" and tensor.dim() == 3:
+            out.update({f"{prefix}mlp.experts.{e}.down_proj.weight": w for e, w in enumerate(tensor)})
+        else:
+            out[name] = tensor
+    return out
+
+
 def read_hf_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """Reads every tensor of a Hugging Face model directory's safetensors files, on CPU.
 
@@ -258,7 +309,9 @@ def load_hf_weights(model: Any, source: str | Path | Mapping[str, torch.Tensor])
 
     Args:
         model: A model from :func:`build_gpt_model` (or a wrapper of one).
-        source: A Hugging Face model directory or a ``{hf_name: tensor}`` mapping.
+        source: A Hugging Face model directory or a ``{hf_name: tensor}`` mapping (a
+            mixture of experts' tensors per expert, as files hold them, or fused, as
+            transformers 5 holds them in memory).
 
     Raises:
         WeightMappingError: Names the model does not know, names it needs that are missing,
@@ -267,6 +320,8 @@ def load_hf_weights(model: Any, source: str | Path | Mapping[str, torch.Tensor])
     model = unwrap_model(model)
     spec = hf_spec_of(model)
     state = read_hf_state_dict(source) if isinstance(source, str | Path) else dict(source)
+    if spec.is_moe:
+        state = _experts_one_by_one(state)
     rank, tp = _tp_rank_and_size()
     params = dict(model.named_parameters())
     padded_vocab = model.vocab_size

@@ -35,6 +35,12 @@ upgrade that moves a CUDA use fails loudly here instead of deep inside a trainin
   sorts CPU bf16 and fp32 parameters the same way (fp32 master copies of the bf16 ones), so
   ``--bf16`` trains on CPU with megatron's own mixed-precision step.
 
+* **Mixture of experts without Transformer Engine.** ``moe_utils`` imports
+  ``te_general_gemm`` (and the fused MoE kernels) only when Transformer Engine imports, yet
+  ``RouterGatingLinearFunction`` tests ``te_general_gemm is not None`` unconditionally: without
+  Transformer Engine every router forward raised ``NameError``. :func:`_define_absent_te_kernels`
+  binds the absent names to ``None`` (CPU or CUDA), so the router takes its ``torch.mm`` path.
+
 Not redirected, so CUDA-only (expect megatron's own CUDA errors on CPU): the distributed optimizer
 (``use_distributed_optimizer``), sequence parallelism (the local spec's norm refuses it),
 fp16 mixed precision (its loss scaler), overlapped gradient reduction (CUDA streams), CUDA graphs,
@@ -87,6 +93,10 @@ _REDIRECTED_MODULES: dict[str, str] = {
         "_gather_along_last_dim (gathering vocab-parallel logits: GPTModel.forward with "
         "runtime_gather_output=True) and _gather_along_first_dim / "
         "_reduce_scatter_along_first_dim allocate their output on torch.cuda.current_device()."
+    ),
+    "megatron.core.transformer.moe.router": (
+        "Router.gating moves the router's weight to torch.cuda.current_device() on every "
+        "forward (mixture-of-experts models)."
     ),
     "megatron.core.pipeline_parallel.schedules": (
         "forward_backward_no_pipelining and the pipelined schedules count tokens in "
@@ -414,6 +424,24 @@ def cpu_compat_applied() -> bool:
     return _APPLIED
 
 
+_TE_KERNELS_OF_MOE_UTILS = (
+    "fused_compute_score_for_moe_aux_loss", "fused_moe_aux_loss", "fused_permute",
+    "fused_permute_with_probs", "fused_sort_chunks_by_index", "fused_sort_chunks_by_index_with_probs",
+    "fused_topk_with_score_function", "fused_unpermute", "te_general_gemm",
+)
+"""The Transformer Engine kernels ``megatron.core.transformer.moe.moe_utils`` imports by name."""
+
+
+def _define_absent_te_kernels() -> None:
+    """Binds the Transformer Engine kernels ``moe_utils`` did not import to ``None`` (its own
+    "not available" value), leaving those it did import alone."""
+    from megatron.core.transformer.moe import moe_utils
+
+    for name in _TE_KERNELS_OF_MOE_UTILS:
+        if not hasattr(moe_utils, name):
+            setattr(moe_utils, name, None)
+
+
 def apply_cpu_compat() -> bool:
     """Checks megatron-core's version and, without CUDA, applies every CPU redirection.
 
@@ -428,6 +456,7 @@ def apply_cpu_compat() -> bool:
     """
     global _APPLIED
     check_megatron_version()
+    _define_absent_te_kernels()
     if torch.cuda.is_available():
         return False
     with _LOCK:

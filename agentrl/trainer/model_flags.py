@@ -104,6 +104,7 @@ def check_model_flags(
     tp = _arg(args, "tensor_model_parallel_size")
     if tp is not None:
         spec.check_tensor_parallel(int(tp))
+    _check_moe_flags(spec, args)
     seq_length = _arg(args, "seq_length")
     if seq_length is not None and int(seq_length) > spec.max_position_embeddings:
         raise ConfigError(
@@ -111,6 +112,35 @@ def check_model_flags(
             f"({spec.max_position_embeddings})"
         )
     return raw
+
+
+def _check_moe_flags(spec: HFModelSpec, args: Any) -> None:
+    """What a mixture-of-experts checkpoint (or a dense one) rules out among the flags."""
+    coeff = _arg(args, "moe_aux_loss_coeff")
+    if not spec.is_moe:
+        if coeff:
+            raise ConfigError(f"--moe-aux-loss-coeff {coeff:g} is for mixture-of-experts models; "
+                              f"the checkpoint is a dense {spec.model_type} model: drop the flag")
+        return
+    tp = int(_arg(args, "tensor_model_parallel_size") or 1)
+    if tp > 1 and not _arg(args, "sequence_parallel"):
+        raise ConfigError(
+            f"--tensor-model-parallel-size {tp} with a mixture-of-experts checkpoint "
+            f"({spec.model_type}, {spec.num_experts} experts) needs --sequence-parallel: megatron's "
+            "MoE layer refuses to train tensor-parallel without it (which needs CUDA and "
+            "--transformer-impl transformer_engine); on this machine train it with "
+            "--tensor-model-parallel-size 1")
+    if _arg(args, "lora_rank"):
+        named = {n.strip() for n in str(_arg(args, "lora_target_modules") or "").split(",")}
+        mlp = sorted(named & {"gate_proj", "up_proj", "down_proj"})
+        if mlp or "all-linear" in named:
+            raise ConfigError(
+                f"--lora-target-modules {_arg(args, 'lora_target_modules')}: LoRA on a "
+                f"mixture-of-experts model's expert projections ({', '.join(mlp) or 'all-linear'}) "
+                "is not supported: agentrl's LoRA adapts linear layers and exports them as PEFT "
+                "per-module adapters, and transformers 5 holds a layer's experts as one fused "
+                "parameter, not as linear modules (an export per expert is not written); adapt "
+                "the attention with --lora-target-modules q_proj,k_proj,v_proj,o_proj")
 
 
 def _config_from_flags(args: Any) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import agentrl
 from agentrl.chat import ChatRenderer
 from agentrl.engine import EmbeddedEngine, SamplingParams
 from agentrl.errors import ConfigError
-from agentrl.models import build_tiny_model
+from agentrl.models import build_tiny_model, build_tiny_moe_model
 from agentrl.records.sample import Sample, Status
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.episode import Episode, RolloutContext
@@ -217,6 +217,43 @@ def test_hf_export_serves_the_engine(samples, tmp_path):
             await engine.close()
 
     assert asyncio.run(engine_logprob_after_update()) < 1e-5
+
+
+def test_a_mixture_of_experts_trains_resumes_and_exports(samples, tmp_path):
+    """Qwen3-MoE (the tiny one scripts/make-tiny-moe.py writes) with its load-balancing loss on:
+    a GRPO step moves it, a checkpoint resumes model, Adam moments and schedule exactly, and the
+    export is a Qwen3-MoE folder whose transformers log-probs are the trainer's."""
+    from transformers import AutoModelForCausalLM
+
+    def moe_actor() -> MegatronActor:
+        config = TrainerConfig(lr=1e-3, num_steps_per_rollout=2, global_batch_size=4,
+                               moe_aux_loss_coeff=0.01)
+        return MegatronActor(config, hf_checkpoint=build_tiny_moe_model(),
+                             rollout_temperature=TEMPERATURE, total_steps=4)
+
+    first = moe_actor()
+    before = first.logprobs(samples)
+    metrics = first.train(samples)
+    assert math.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
+    assert not torch.allclose(first.logprobs(samples), before)
+    first.save_checkpoint(tmp_path / "ckpt", extra={"rollout_id": 0})
+    resumed = moe_actor()
+    assert resumed.load_checkpoint(tmp_path / "ckpt") == {"rollout_id": 0}
+    assert torch.allclose(resumed.logprobs(samples), first.logprobs(samples), atol=1e-6)
+    again, continued = resumed.train(samples), first.train(samples)
+    for key in ("loss", "grad_norm", "lr"):
+        assert again[key] == pytest.approx(continued[key], abs=1e-7), key
+
+    first.save_hf(tmp_path / "hf")
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(exported).__name__ == "Qwen3MoeForCausalLM"
+    s = samples[0]
+    with torch.no_grad():
+        logits = exported(torch.tensor([s.tokens])).logits[0, :-1] / TEMPERATURE
+    theirs = logits.log_softmax(-1).gather(-1, torch.tensor(s.tokens[1:])[:, None])[:, 0]
+    trained = [s.prompt_length - 1 + i for i, m in enumerate(s.loss_mask) if m]  # where it computes
+    mine = first.logprobs([s])[0, trained]
+    torch.testing.assert_close(mine, theirs[trained], rtol=0, atol=1e-4)
 
 
 def _tp2_worker(rank: int, port: int, data: str, out: str) -> None:

@@ -28,6 +28,7 @@ from agentrl.trainer.hf_weights import (
     WeightMappingError,
     export_hf_state_dict,
     load_hf_weights,
+    read_hf_state_dict,
     save_hf_checkpoint,
 )
 from agentrl.trainer.model_flags import check_model_flags
@@ -40,7 +41,7 @@ pytestmark = pytest.mark.skipif(
 
 VOCAB, PADDED = 300, 384
 TEMPERATURE = 0.7
-KINDS = ("qwen2", "llama", "qwen3")
+KINDS = ("qwen2", "llama", "qwen3", "qwen3_moe")
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +59,11 @@ def hf_model(kind: str, tie: bool, seed: int = 0) -> tuple[torch.nn.Module, dict
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
     }[kind]
-    extra = {"head_dim": 24} if kind == "qwen3" else {}  # head_dim != hidden / heads
+    extra: dict[str, Any] = {"head_dim": 24} if kind.startswith("qwen3") else {}  # != hidden / heads
+    if kind == "qwen3_moe":  # 4 experts of width 32, 2 per token
+        extra.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
     config = config_cls(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
@@ -156,8 +160,10 @@ def test_logits_match_transformers_and_round_trip(
     torch.testing.assert_close(logits[..., :VOCAB], expected, rtol=0, atol=1e-5)
 
     exported = export_hf_state_dict(model)
+    reference.save_pretrained(tmp_path / "reference")  # the names of checkpoint files (per expert)
     wanted = {
-        k: v for k, v in reference.state_dict().items() if not (tie and k == "lm_head.weight")
+        k: v for k, v in read_hf_state_dict(tmp_path / "reference").items()
+        if not (tie and k == "lm_head.weight")
     }
     assert exported.keys() == wanted.keys()
     for name, tensor in wanted.items():
@@ -331,6 +337,54 @@ def test_tensor_parallel_2_equals_tp1(tp1: None, tmp_path: Path) -> None:
         torch.testing.assert_close(shard_grads, plain.grad, rtol=0, atol=1e-5)
 
 
+def _moe_tp2_worker(rank: int, port: int, hf_dir: str, ckpt_dir: str, out_dir: str) -> None:
+    """A Qwen3-MoE model at TP=2: its gathered logits, its export and a resharded TP=1
+    checkpoint, to ``out_dir/rank{rank}.pt``."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from megatron.core import dist_checkpointing
+
+    init_model_parallel(2, 1)
+    model = build_gpt_model(hf_dir).eval()
+    load_hf_weights(model, hf_dir)
+    ids, pos = inputs()
+    restored = build_gpt_model(hf_dir).eval()
+    restored.load_state_dict(dist_checkpointing.load(restored.sharded_state_dict(), ckpt_dir))
+    with torch.no_grad():
+        results = {"logits": model(ids, pos, None, runtime_gather_output=True),
+                   "restored_logits": restored(ids, pos, None, runtime_gather_output=True),
+                   "export": export_hf_state_dict(model)}
+    torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+    destroy_model_parallel()
+
+
+def test_moe_tensor_parallel_2_equals_tp1(tp1: None, tmp_path: Path) -> None:
+    """Qwen3-MoE's experts split over TP like dense MLPs, its router whole on each rank: TP=2
+    gives TP=1's logits, exports the same weights and reads a TP=1 checkpoint. (Training at
+    TP > 1 needs sequence parallelism, which megatron's MoE layer demands and the CPU cannot
+    run: ``test_moe_training_at_tp_2_names_what_it_needs``.)"""
+    from megatron.core import dist_checkpointing
+
+    reference, raw = hf_model("qwen3_moe", tie=False, seed=3)
+    reference.save_pretrained(tmp_path / "hf")
+    model = build_gpt_model(raw).eval()
+    load_hf_weights(model, tmp_path / "hf")
+    (tmp_path / "ckpt").mkdir()
+    dist_checkpointing.save(model.sharded_state_dict(), str(tmp_path / "ckpt"))
+    ids, pos = inputs()
+    with torch.no_grad():
+        logits = model(ids, pos, None)
+    export = export_hf_state_dict(model)
+    spawn(_moe_tp2_worker, (free_port(), str(tmp_path / "hf"), str(tmp_path / "ckpt"), str(tmp_path)))
+    tp2 = torch.load(tmp_path / "rank0.pt", weights_only=False)
+    torch.testing.assert_close(tp2["logits"], logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(tp2["restored_logits"], logits, rtol=0, atol=1e-5)
+    assert tp2["export"].keys() == export.keys()
+    for name in export:
+        assert torch.equal(tp2["export"][name], export[name]), name
+
+
 # --- configuration and flags -------------------------------------------------------------------
 
 
@@ -408,6 +462,57 @@ def test_transformer_config_fields() -> None:
         transformer_config_from_hf(raw, tensor_model_parallel_size=4)
     with pytest.raises(ConfigError, match="--sequence-parallel"):
         transformer_config_from_hf(raw, sequence_parallel=True)
+
+
+def test_moe_configs_route_as_transformers_and_refuse_what_they_cannot() -> None:
+    _, raw = hf_model("qwen3_moe", tie=False)
+    config = transformer_config_from_hf(raw)
+    assert (config.num_moe_experts, config.moe_router_topk, config.moe_ffn_hidden_size) == (4, 2, 32)
+    # norm_topk_prob: top-k then softmax (renormalised); without it softmax over all, then top-k
+    assert not config.moe_router_pre_softmax and config.moe_router_load_balancing_type == "none"
+    assert transformer_config_from_hf({**raw, "norm_topk_prob": False}).moe_router_pre_softmax
+    with_aux = transformer_config_from_hf(raw, moe_aux_loss_coeff=0.01)
+    assert (with_aux.moe_router_load_balancing_type, with_aux.moe_aux_loss_coeff) == ("aux_loss", 0.01)
+    official = {k: v for k, v in raw.items() if k != "num_local_experts"} | {"num_experts": 4}
+    assert transformer_config_from_hf(official).num_moe_experts == 4  # Qwen's own config name
+    cases = {
+        "sparse_step": ({"decoder_sparse_step": 2}, r"'decoder_sparse_step' / 'mlp_only_layers'"),
+        "dense_layers": ({"mlp_only_layers": [0]}, r"'decoder_sparse_step' / 'mlp_only_layers'"),
+        "topk": ({"num_experts_per_tok": 5}, r"'num_experts_per_tok' is 5; .* num_experts \(4\)"),
+    }
+    for changes, message in cases.values():
+        with pytest.raises(ConfigError, match=message):
+            transformer_config_from_hf({**raw, **changes})
+
+
+def test_moe_flags_refuse_what_megatron_or_the_export_cannot_do() -> None:
+    _, moe = hf_model("qwen3_moe", tie=False)
+    _, dense = hf_model("qwen3", tie=False)
+    with pytest.raises(ConfigError, match=r"--tensor-model-parallel-size 2 with a mixture-of-experts "
+                                          r"checkpoint \(qwen3_moe, 4 experts\) needs --sequence-parallel"):
+        check_model_flags(moe, {"tensor_model_parallel_size": 2})
+    for targets in ("all-linear", "q_proj,k_proj,v_proj,gate_proj,up_proj"):
+        with pytest.raises(ConfigError, match=r"LoRA on a mixture-of-experts model's expert projections"):
+            check_model_flags(moe, {"lora_rank": 8, "lora_target_modules": targets})
+    check_model_flags(moe, {"lora_rank": 8, "lora_target_modules": "q_proj,k_proj,v_proj,o_proj"})
+    with pytest.raises(ConfigError, match=r"--moe-aux-loss-coeff 0.01 is for mixture-of-experts models; "
+                                          r"the checkpoint is a dense qwen3 model"):
+        check_model_flags(dense, {"moe_aux_loss_coeff": 0.01})
+
+
+def test_the_load_balancing_loss_reaches_the_router_when_its_coefficient_asks(tp1: None) -> None:
+    """A loss that only reads the logits trains the router through the chosen experts' weights;
+    with --moe-aux-loss-coeff the load-balancing loss adds its own gradient on top."""
+    reference, raw = hf_model("qwen3_moe", tie=False)
+    ids, pos = inputs()
+    grads = {}
+    for coeff in (0.0, 1.0):
+        model = build_gpt_model(raw, moe_aux_loss_coeff=coeff)
+        load_hf_weights(model, reference.state_dict())  # the same weights both times
+        model(ids, pos, None)[..., :VOCAB].logsumexp(-1).mean().backward()
+        grads[coeff] = model.decoder.layers[0].mlp.router.weight.grad.clone()
+    assert grads[0.0].abs().sum() > 0
+    assert not torch.allclose(grads[0.0], grads[1.0])
 
 
 def test_load_errors_list_unknown_missing_and_misshaped_names(tp1: None) -> None:

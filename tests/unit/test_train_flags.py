@@ -288,7 +288,7 @@ def test_a_model_nothing_here_can_train_is_refused_once_whatever_serves_it(
     model.mkdir()
     (model / "config.json").write_text('{"model_type": "gpt2"}')
     err = refused([*ENV, "--hf-checkpoint", str(model), *backend], capsys)
-    assert "is a 'gpt2' model; train.py trains qwen2, qwen3, llama models" in err
+    assert "is a 'gpt2' model; train.py trains qwen2, qwen3, qwen3_moe, llama models" in err
     assert "sglang or vllm" not in err
 
 
