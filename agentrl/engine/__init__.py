@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from agentrl.engine.base import Engine, FinishReason, GenerateOutput, SamplingParams
+from agentrl.engine.base import Engine, FinishReason, GenerateOutput, RoutedExperts, SamplingParams
 
 if TYPE_CHECKING:
     from agentrl.engine.embedded import EmbeddedEngine
 
-__all__ = ["EmbeddedEngine", "Engine", "FinishReason", "GenerateOutput", "SamplingParams"]
+__all__ = ["EmbeddedEngine", "Engine", "FinishReason", "GenerateOutput", "RoutedExperts", "SamplingParams"]
 
 
 def __getattr__(name: str) -> Any:

@@ -11,6 +11,7 @@ Field names follow SGLang's ``/generate`` request and response.
 from __future__ import annotations
 
 import abc
+import base64
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
@@ -95,6 +96,45 @@ class SamplingParams:
         return out
 
 
+@dataclasses.dataclass(frozen=True)
+class RoutedExperts:
+    """The experts a mixture-of-experts router chose, for each position of a sequence and each
+    MoE layer: ``[positions, layers, topk]`` expert indices, row-major, as little-endian int16
+    bytes (a position's experts in the router's score order, best first).
+
+    Position ``t`` is the token at index ``t`` of the sequence as input: an engine reports every
+    position it ran, which is all of them but the last sampled token (never fed back). This is
+    what routing replay gives the trainer (``--routing-replay``), and what vLLM answers with as
+    ``routed_experts`` (shape ``[tokens - 1, layers, topk]``).
+    """
+
+    data: bytes
+    positions: int
+    layers: int
+    topk: int
+
+    def __post_init__(self) -> None:
+        if len(self.data) != 2 * self.positions * self.layers * self.topk:
+            raise ValueError(f"RoutedExperts: {len(self.data)} bytes do not hold "
+                             f"[{self.positions}, {self.layers}, {self.topk}] int16 values")
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON object: the shape and the bytes in base64."""
+        return {"shape": [self.positions, self.layers, self.topk],
+                "int16_b64": base64.b64encode(self.data).decode("ascii")}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RoutedExperts:
+        positions, layers, topk = (int(n) for n in data["shape"])
+        return cls(base64.b64decode(data["int16_b64"]), positions, layers, topk)
+
+    def head(self, positions: int) -> RoutedExperts:
+        """The first ``positions`` positions."""
+        positions = min(positions, self.positions)
+        return RoutedExperts(self.data[: 2 * positions * self.layers * self.topk], positions,
+                             self.layers, self.topk)
+
+
 @dataclasses.dataclass
 class GenerateOutput:
     """What one ``generate`` call returns (SGLang's ``output_ids`` and ``meta_info``).
@@ -115,6 +155,8 @@ class GenerateOutput:
         cached_tokens: Prompt tokens served from a prefix cache (0 when there is none).
         latency_s: Seconds from submission to completion.
         message: Why the request was aborted, for ``abort``.
+        routed_experts: For a mixture-of-experts model whose engine reports them: the experts
+            each position of ``input_ids + output_ids`` but the last was routed to.
     """
 
     output_ids: list[int]
@@ -127,6 +169,7 @@ class GenerateOutput:
     latency_s: float = 0.0
     message: str | None = None
     token_versions: list[str] | None = None
+    routed_experts: RoutedExperts | None = None
 
     @classmethod
     def from_sglang(cls, response: Mapping[str, Any]) -> GenerateOutput:

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 import torch
 
-from agentrl.engine.base import Engine, FinishReason, GenerateOutput, SamplingParams
+from agentrl.engine.base import Engine, FinishReason, GenerateOutput, RoutedExperts, SamplingParams
 from agentrl.engine.model import DecoderModel, read_checkpoint
 from agentrl.engine.prefix_cache import PrefixStore
 from agentrl.engine.sampling import sample_tokens
@@ -500,7 +500,7 @@ class EmbeddedEngine(Engine):
             request.slot = slot
             hit = self._prefixes.lookup(request.input_ids)
             if hit is not None:  # the positions an earlier turn computed
-                self._cache.write_slot(slot, hit.k, hit.v)
+                self._cache.write_slot(slot, hit.k, hit.v, hit.routes)
                 request.reused = hit.length
         fresh = [r for r in group if not r.reused]
         extended = [r for r in group if r.reused]
@@ -591,15 +591,27 @@ class EmbeddedEngine(Engine):
         if reason in ("stop", "length") and request.slot >= 0 and self._prefixes.keeps(request.cached):
             # what this request computed, for the next turn that starts with it
             tokens = [*request.input_ids, *request.output_ids][: request.cached]
-            self._prefixes.add(tokens, *self._cache.read_slot(request.slot, request.cached))
+            self._prefixes.add(tokens, *self._cache.read_slot(request.slot, request.cached),
+                               self._cache.read_routes(request.slot, request.cached))
         output = GenerateOutput(
             output_ids=list(request.output_ids), output_logprobs=list(request.logprobs),
             finish_reason=reason, weight_version=self._version,
             prompt_tokens=len(request.input_ids), cached_tokens=request.reused, matched=matched,
             latency_s=time.perf_counter() - request.submitted, message=message,
-            token_versions=list(request.versions),
+            token_versions=list(request.versions), routed_experts=self._routes_of(request),
         )
         _post(request.loop, request.future, output)
+
+    def _routes_of(self, request: _Request) -> RoutedExperts | None:
+        """The experts each computed position of ``request`` was routed to (a mixture of
+        experts' cache keeps them beside the keys and values); ``None`` for a dense model."""
+        if request.slot < 0:
+            return None
+        routes = self._cache.read_routes(request.slot, request.cached)
+        if routes is None:
+            return None
+        positions, layers, topk = routes.shape
+        return RoutedExperts(routes.cpu().numpy().astype("<i2").tobytes(), positions, layers, topk)
 
     def _compact(self) -> None:
         """Drops finished requests, moving survivors so the active ones fill slots 0..n-1."""

@@ -1,8 +1,11 @@
-"""A hand-written Qwen2 / Llama decoder for the embedded engine, with a slot-based KV cache.
+"""A hand-written Qwen2 / Qwen3 / Qwen3-MoE / Llama decoder for the embedded engine, with a
+slot-based KV cache.
 
 Plain torch, inference only. The math follows the Hugging Face implementations (pre-norm
 RMSNorm, default rotary embeddings with the half-rotation layout, grouped-query attention,
-SwiGLU MLP) so the logits match ``Qwen2ForCausalLM`` / ``LlamaForCausalLM`` to float rounding.
+per-head query/key RMSNorm for Qwen3, SwiGLU MLP or a mixture of SwiGLU experts) so the logits
+match ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` / ``Qwen3MoeForCausalLM`` / ``LlamaForCausalLM``
+to float rounding.
 Parameters use the Hugging Face names (``model.layers.N.self_attn.q_proj.weight``, ...), which is
 what checkpoints, trainers and SGLang's weight-update calls speak.
 
@@ -14,7 +17,8 @@ updates the fused one in place.
 The KV cache (:class:`KVCache`) holds ``num_slots`` sequences side by side, each at its own
 length; :meth:`DecoderModel.prefill` writes new sequences into slots and
 :meth:`DecoderModel.decode` advances a set of slots by one token each, masking every slot's
-unused tail.
+unused tail. For a mixture of experts the cache also keeps, per position and layer, the experts
+the router chose (:attr:`KVCache.routes`): what routing replay gives the trainer.
 """
 
 from __future__ import annotations
@@ -28,10 +32,12 @@ import torch
 import torch.nn.functional as F
 
 from agentrl.errors import EngineError
+from agentrl.models.experts import experts_one_by_one
 from agentrl.models.hf_config import (
     EMBEDDED_MODEL_TYPES,
     architecture,
     check_supported,
+    mixture_of_experts,
     read_config,
     read_safetensors,
 )
@@ -54,7 +60,7 @@ class DecoderConfig:
     """The architecture fields the forward needs, read from a Hugging Face ``config.json``.
 
     Attributes:
-        model_type: ``qwen2`` or ``llama``.
+        model_type: ``qwen2``, ``qwen3``, ``qwen3_moe`` or ``llama``.
         vocab_size: Embedding rows.
         hidden_size: Residual width.
         intermediate_size: MLP width.
@@ -69,6 +75,11 @@ class DecoderConfig:
         qkv_bias: q/k/v projections have a bias (always for Qwen2; ``attention_bias`` for Llama).
         o_bias: The output projection has a bias (Llama's ``attention_bias``).
         mlp_bias: gate/up/down projections have a bias (Llama's ``mlp_bias``).
+        qk_norm: Per-head RMSNorm on queries and keys before the rotary (Qwen3, Qwen3-MoE).
+        num_experts: Experts of each layer's mixture (0: dense MLPs).
+        moe_topk: Experts each token is routed to.
+        moe_intermediate_size: One expert's MLP width.
+        norm_topk_prob: The chosen experts' scores are renormalised to sum to 1.
         dtype: Parameter dtype named by the config (used on GPU; CPU always runs float32).
         eos_token_ids: End-of-sequence ids named by the config.
     """
@@ -88,6 +99,11 @@ class DecoderConfig:
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
+    qk_norm: bool = False
+    num_experts: int = 0
+    moe_topk: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
     dtype: torch.dtype = torch.float32
     eos_token_ids: tuple[int, ...] = ()
 
@@ -110,6 +126,8 @@ class DecoderConfig:
             qkv_bias=is_qwen2 or attention_bias,
             o_bias=not is_qwen2 and attention_bias,
             mlp_bias=not is_qwen2 and bool(raw.get("mlp_bias", False)),
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
+            **mixture_of_experts(raw, EngineError),
             dtype=_config_dtype(raw),
             eos_token_ids=_as_ids(raw.get("eos_token_id")),
         )
@@ -160,10 +178,14 @@ class KVCache:
         self.num_slots = num_slots
         self.max_len = max_len
         self._shape = (config.num_layers, config.num_kv_heads, config.head_dim)
+        self._route_shape = (config.num_layers, config.moe_topk) if config.num_experts else None
         self.capacity = 0
         self.slots = 0
         self.k = torch.empty(0, device=device, dtype=dtype)
         self.v = torch.empty(0, device=device, dtype=dtype)
+        self.routes: torch.Tensor | None = None
+        """``[slots, capacity, layers, topk]`` int16: the experts each cached position was
+        routed to in each layer (``None`` for a dense model)."""
         self._initial_len = min(max_len, initial_len)
         self.ensure_capacity(self._initial_len, 1)
 
@@ -191,16 +213,24 @@ class KVCache:
         # memory there (NaN bit patterns happen) turned whole logit rows into NaN.
         k = torch.zeros(shape, device=self.k.device, dtype=self.k.dtype)
         v = torch.zeros(shape, device=self.v.device, dtype=self.v.dtype)
+        routes = None
+        if self._route_shape is not None:
+            routes = torch.zeros((new_slots, new_cap, *self._route_shape), device=self.k.device,
+                                 dtype=torch.int16)
         if self.capacity and self.slots:
             with torch.inference_mode():
                 k[:, : self.slots, : self.capacity] = self.k
                 v[:, : self.slots, : self.capacity] = self.v
+                if routes is not None and self.routes is not None:
+                    routes[: self.slots, : self.capacity] = self.routes
         self.k, self.v, self.capacity, self.slots = k, v, new_cap, new_slots
+        self.routes = routes
 
     def release(self) -> None:
         """Frees the storage; the next :meth:`ensure_capacity` allocates it again."""
         self.k = self.k.new_empty(0)
         self.v = self.v.new_empty(0)
+        self.routes = None
         self.capacity = self.slots = 0
 
     def read_slot(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -209,25 +239,41 @@ class KVCache:
         with torch.inference_mode():
             return self.k[:, slot, :length].clone(), self.v[:, slot, :length].clone()
 
-    def write_slot(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Stores keys and values (as :meth:`read_slot` returns them) at slot ``slot``'s first
-        positions."""
+    def read_routes(self, slot: int, length: int) -> torch.Tensor | None:
+        """A copy of slot ``slot``'s first ``length`` routes ``[length, layers, topk]`` (``None``
+        for a dense model)."""
+        if self.routes is None:
+            return None
+        with torch.inference_mode():
+            return self.routes[slot, :length].clone()
+
+    def write_slot(self, slot: int, k: torch.Tensor, v: torch.Tensor,
+                   routes: torch.Tensor | None = None) -> None:
+        """Stores keys and values (as :meth:`read_slot` returns them), and routes (as
+        :meth:`read_routes` does), at slot ``slot``'s first positions."""
         length = k.shape[1]
         self.ensure_capacity(length, slot + 1)
         with torch.inference_mode():
             self.k[:, slot, :length] = k
             self.v[:, slot, :length] = v
+            if routes is not None and self.routes is not None:
+                self.routes[slot, :length] = routes
 
     def move_slot(self, src: int, dst: int, length: int) -> None:
         """Copies the first ``length`` positions of slot ``src`` into slot ``dst``."""
         with torch.inference_mode():
             self.k[:, dst, :length] = self.k[:, src, :length]
             self.v[:, dst, :length] = self.v[:, src, :length]
+            if self.routes is not None:
+                self.routes[dst, :length] = self.routes[src, :length]
 
 
 @dataclasses.dataclass
 class _Layer:
-    """One decoder layer's tensors (fused q/k/v and gate/up; biases are None when absent)."""
+    """One decoder layer's tensors (fused q/k/v and gate/up; biases and the parts another
+    architecture has are None when absent). A mixture-of-experts layer has ``router`` and the
+    experts' ``[experts, 2 * width, hidden]`` / ``[experts, hidden, width]`` tensors instead of
+    the dense MLP."""
 
     ln1: torch.Tensor
     w_qkv: torch.Tensor
@@ -235,25 +281,32 @@ class _Layer:
     w_o: torch.Tensor
     b_o: torch.Tensor | None
     ln2: torch.Tensor
-    w_gate_up: torch.Tensor
+    w_gate_up: torch.Tensor | None
     b_gate_up: torch.Tensor | None
-    w_down: torch.Tensor
+    w_down: torch.Tensor | None
     b_down: torch.Tensor | None
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    router: torch.Tensor | None = None
+    experts_gate_up: torch.Tensor | None = None
+    experts_down: torch.Tensor | None = None
     w_qkv_t: torch.Tensor = dataclasses.field(init=False)
     w_o_t: torch.Tensor = dataclasses.field(init=False)
-    w_gate_up_t: torch.Tensor = dataclasses.field(init=False)
-    w_down_t: torch.Tensor = dataclasses.field(init=False)
+    w_gate_up_t: torch.Tensor | None = dataclasses.field(init=False)
+    w_down_t: torch.Tensor | None = dataclasses.field(init=False)
+    router_t: torch.Tensor | None = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         # Transposed views for addmm/mm, made once: they follow in-place weight updates.
         self.w_qkv_t = self.w_qkv.t()
         self.w_o_t = self.w_o.t()
-        self.w_gate_up_t = self.w_gate_up.t()
-        self.w_down_t = self.w_down.t()
+        self.w_gate_up_t = self.w_gate_up.t() if self.w_gate_up is not None else None
+        self.w_down_t = self.w_down.t() if self.w_down is not None else None
+        self.router_t = self.router.t() if self.router is not None else None
 
 
 class DecoderModel:
-    """A Qwen2 / Llama causal LM held as plain tensors, for inference.
+    """A Qwen2 / Qwen3 / Qwen3-MoE / Llama causal LM held as plain tensors, for inference.
 
     Build it with :meth:`from_pretrained` (a Hugging Face directory) or :meth:`from_state_dict`.
     All entry points run under ``torch.inference_mode``.
@@ -311,6 +364,8 @@ class DecoderModel:
         """
         if not isinstance(config, DecoderConfig):
             config = DecoderConfig.from_hf(config)
+        if config.num_experts:
+            state_dict = experts_one_by_one(state_dict)
         model = cls(config, device=device)
         missing = sorted(set(model._params) - set(state_dict))
         if config.tie_word_embeddings:
@@ -335,6 +390,21 @@ class DecoderModel:
         if c.qkv_bias:
             b_qkv = self._fused(prefix + "self_attn", "bias", (q_rows, kv_rows, kv_rows),
                                 ("q_proj", "k_proj", "v_proj"), None)
+        norms = {}
+        if c.qk_norm:
+            norms = {"q_norm": self._alloc(prefix + "self_attn.q_norm.weight", (c.head_dim,)),
+                     "k_norm": self._alloc(prefix + "self_attn.k_norm.weight", (c.head_dim,))}
+        if c.num_experts:
+            return _Layer(
+                ln1=self._alloc(prefix + "input_layernorm.weight", (c.hidden_size,)),
+                w_qkv=w_qkv, b_qkv=b_qkv,
+                w_o=self._alloc(prefix + "self_attn.o_proj.weight", (c.hidden_size, q_rows)),
+                b_o=self._alloc(prefix + "self_attn.o_proj.bias", (c.hidden_size,)) if c.o_bias
+                else None,
+                ln2=self._alloc(prefix + "post_attention_layernorm.weight", (c.hidden_size,)),
+                w_gate_up=None, b_gate_up=None, w_down=None, b_down=None, **norms,
+                **self._alloc_experts(prefix + "mlp"),
+            )
         inter = c.intermediate_size
         w_gate_up = self._fused(prefix + "mlp", "weight", (inter, inter), ("gate_proj", "up_proj"),
                                 c.hidden_size)
@@ -355,7 +425,23 @@ class DecoderModel:
             w_down=self._alloc(prefix + "mlp.down_proj.weight", (c.hidden_size, inter)),
             b_down=self._alloc(prefix + "mlp.down_proj.bias", (c.hidden_size,)) if c.mlp_bias
             else None,
+            **norms,
         )
+
+    def _alloc_experts(self, prefix: str) -> dict[str, torch.Tensor]:
+        """A mixture's router and experts, each expert's projections registered under its
+        checkpoint names (``mlp.experts.{e}.gate_proj.weight``, ...) as views of the stacked
+        tensors."""
+        c = self.config
+        width, hidden = c.moe_intermediate_size, c.hidden_size
+        gate_up = torch.zeros((c.num_experts, 2 * width, hidden), device=self.device, dtype=self.dtype)
+        down = torch.zeros((c.num_experts, hidden, width), device=self.device, dtype=self.dtype)
+        for e in range(c.num_experts):
+            self._params[f"{prefix}.experts.{e}.gate_proj.weight"] = gate_up[e, :width]
+            self._params[f"{prefix}.experts.{e}.up_proj.weight"] = gate_up[e, width:]
+            self._params[f"{prefix}.experts.{e}.down_proj.weight"] = down[e]
+        return {"router": self._alloc(f"{prefix}.gate.weight", (c.num_experts, hidden)),
+                "experts_gate_up": gate_up, "experts_down": down}
 
     def _fused(
         self, prefix: str, kind: str, rows: Sequence[int], parts: Sequence[str], cols: int | None
@@ -412,6 +498,8 @@ class DecoderModel:
             EngineError: Listing the unknown names and the shape mismatches.
         """
         items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        if self.config.num_experts:  # transformers 5's fused experts, as checkpoints name them
+            items = list(experts_one_by_one(dict(items)).items())
         targets: list[tuple[torch.Tensor, torch.Tensor]] = []
         unknown, mismatched = [], []
         for name, tensor in items:
@@ -493,7 +581,11 @@ class DecoderModel:
                 cache.v[index, slot_index, :longest] = v
                 return _causal_attention(q, k, v)
 
-            hidden = self._trunk(F.embedding(ids, self.embed), cos, sin, attend)
+            def route(index: int, chosen: torch.Tensor) -> None:
+                assert cache.routes is not None
+                cache.routes[slot_index, :longest, index] = chosen.to(torch.int16)
+
+            hidden = self._trunk(F.embedding(ids, self.embed), cos, sin, attend, route)
             last = torch.as_tensor([n - 1 for n in lengths], device=self.device)
             rows = torch.arange(len(sequences), device=self.device)
             return self._logits(hidden[rows, last])
@@ -539,7 +631,11 @@ class DecoderModel:
                     attn_mask=mask, enable_gqa=True)
                 return out.transpose(1, 2)
 
-            hidden = self._trunk(F.embedding(ids, self.embed), cos, sin, attend)
+            def route(index: int, chosen: torch.Tensor) -> None:
+                assert cache.routes is not None
+                cache.routes[slot_index[:, None], positions, index] = chosen.to(torch.int16)
+
+            hidden = self._trunk(F.embedding(ids, self.embed), cos, sin, attend, route)
             last = torch.as_tensor([n - 1 for n in lengths], device=self.device)
             rows = torch.arange(len(suffixes), device=self.device)
             return self._logits(hidden[rows, last])
@@ -576,16 +672,19 @@ class DecoderModel:
             hidden = self.embed.index_select(0, tokens.to(self.device))
             rope_mask, gathered = (cos, sin, mask), slots is not None
             for index, layer in enumerate(self._layers):
-                hidden = self._decode_layer(layer, hidden, cache.k[index], cache.v[index],
-                                            slot_index, pos, span, rope_mask, gathered)
+                hidden, chosen = self._decode_layer(layer, hidden, cache.k[index], cache.v[index],
+                                                    slot_index, pos, span, rope_mask, gathered)
+                if chosen is not None and cache.routes is not None:
+                    cache.routes[slot_index, pos, index] = chosen.to(torch.int16)
             return self._logits(hidden)
 
     def _decode_layer(
         self, layer: _Layer, hidden: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor,
         slot_index: torch.Tensor, pos: torch.Tensor, span: int,
         rope_mask: tuple[torch.Tensor, torch.Tensor, torch.Tensor], gathered: bool,
-    ) -> torch.Tensor:
-        """One layer for one token per row, on 2-D ``[n, hidden]`` activations.
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One layer for one token per row, on 2-D ``[n, hidden]`` activations; returns them and,
+        for a mixture of experts, the experts each row was routed to ``[n, topk]``.
 
         Written apart from :meth:`_trunk` because at decode time the count of torch calls, not
         their arithmetic, bounds a small model: 2-D tensors avoid reshapes, and the residual
@@ -597,6 +696,8 @@ class DecoderModel:
         normed = self._rms_norm(hidden, layer.ln1)
         qkv = _project(normed, layer.w_qkv_t, layer.b_qkv).view(count, -1, c.head_dim)
         qk = qkv[:, : heads + kv_heads]
+        if layer.q_norm is not None:
+            qk = self._head_norm(layer, qk)
         qk = torch.addcmul(qk * cos, qk.roll(c.head_dim // 2, dims=-1), sin)
         k_all.index_put_((slot_index, pos), qk[:, heads:])
         v_all.index_put_((slot_index, pos), qkv[:, heads + kv_heads :])
@@ -611,10 +712,43 @@ class DecoderModel:
         )
         hidden = _project(attn.reshape(count, -1), layer.w_o_t, layer.b_o, residual=hidden)
         normed = self._rms_norm(hidden, layer.ln2)
+        if layer.router_t is not None:
+            out, chosen = self._experts(layer, normed)
+            return hidden + out, chosen
+        assert layer.w_gate_up_t is not None and layer.w_down_t is not None
         gate_up = _project(normed, layer.w_gate_up_t, layer.b_gate_up)
         inter = c.intermediate_size
         act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        return _project(act, layer.w_down_t, layer.b_down, residual=hidden)
+        return _project(act, layer.w_down_t, layer.b_down, residual=hidden), None
+
+    def _head_norm(self, layer: _Layer, qk: torch.Tensor) -> torch.Tensor:
+        """Qwen3's RMSNorm of each query head (``q_norm``) and key head (``k_norm``) over the
+        head width, on ``[..., heads + kv_heads, dim]``."""
+        c = self.config
+        assert layer.q_norm is not None and layer.k_norm is not None
+        weight = torch.cat([layer.q_norm.expand(c.num_heads, -1), layer.k_norm.expand(c.num_kv_heads, -1)])
+        return F.rms_norm(qk, (c.head_dim,), eps=c.rms_norm_eps) * weight
+
+    def _experts(self, layer: _Layer, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A mixture of experts on ``[n, hidden]`` rows, as ``Qwen3MoeSparseMoeBlock`` computes
+        it: softmax router scores (float32), the ``moe_topk`` best kept (renormalised when
+        ``norm_topk_prob``), each chosen expert's SwiGLU output weighted by its score and added
+        in ascending expert order. Returns the output and the chosen experts ``[n, topk]``."""
+        c = self.config
+        assert layer.router_t is not None and layer.experts_gate_up is not None
+        assert layer.experts_down is not None
+        scores = torch.softmax(torch.mm(x, layer.router_t), dim=-1, dtype=torch.float32)
+        weights, chosen = torch.topk(scores, c.moe_topk, dim=-1)
+        if c.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights.to(x.dtype)
+        out = torch.zeros_like(x)
+        for expert in torch.unique(chosen).tolist():
+            rows, rank = (chosen == expert).nonzero(as_tuple=True)
+            gate, up = torch.mm(x.index_select(0, rows), layer.experts_gate_up[expert].t()).chunk(2, dim=-1)
+            y = torch.mm(F.silu(gate) * up, layer.experts_down[expert].t())
+            out.index_add_(0, rows, y * weights[rows, rank, None])
+        return out, chosen
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """Hugging Face's RMSNorm: ``weight * (x * rsqrt(mean(x^2) + eps))``, statistics in
@@ -631,9 +765,11 @@ class DecoderModel:
     def _trunk(
         self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+        route: Callable[[int, torch.Tensor], None] | None = None,
     ) -> torch.Tensor:
         """The decoder layers on ``[batch, seq, hidden]``; ``attend(layer, q, k, v)`` takes
-        ``[batch, seq, heads, dim]`` tensors and returns the attention output in that layout."""
+        ``[batch, seq, heads, dim]`` tensors and returns the attention output in that layout;
+        ``route(layer, chosen)`` is given a mixture of experts' choices ``[batch, seq, topk]``."""
         c = self.config
         batch, seq, _ = hidden.shape
         heads, kv_heads, dim = c.num_heads, c.num_kv_heads, c.head_dim
@@ -642,10 +778,19 @@ class DecoderModel:
             qkv = F.linear(normed, layer.w_qkv, layer.b_qkv).view(batch, seq, -1, dim)
             # rotary on q and k together (the first heads + kv_heads heads)
             qk = qkv[:, :, : heads + kv_heads]
+            if layer.q_norm is not None:
+                qk = self._head_norm(layer, qk)
             qk = torch.addcmul(qk * cos, qk.roll(dim // 2, dims=-1), sin)
             attn = attend(index, qk[:, :, :heads], qk[:, :, heads:], qkv[:, :, heads + kv_heads :])
             hidden = hidden + F.linear(attn.reshape(batch, seq, heads * dim), layer.w_o, layer.b_o)
             normed = self._rms_norm(hidden, layer.ln2)
+            if layer.router_t is not None:
+                out, chosen = self._experts(layer, normed.reshape(batch * seq, -1))
+                if route is not None:
+                    route(index, chosen.view(batch, seq, -1))
+                hidden = hidden + out.view(batch, seq, -1)
+                continue
+            assert layer.w_gate_up is not None and layer.w_down is not None
             gate, up = F.linear(normed, layer.w_gate_up, layer.b_gate_up).chunk(2, dim=-1)
             hidden = hidden + F.linear(F.silu(gate) * up, layer.w_down, layer.b_down)
         return hidden

@@ -38,11 +38,13 @@ __all__ = ["PrefixHit", "PrefixStore"]
 
 @dataclasses.dataclass(frozen=True)
 class PrefixHit:
-    """The stored keys and values of the first ``length`` positions of a request."""
+    """The stored keys and values of the first ``length`` positions of a request (and, for a
+    mixture of experts, the experts each was routed to)."""
 
     length: int
     k: torch.Tensor  # [layers, length, kv_heads, dim]
     v: torch.Tensor  # [layers, length, kv_heads, dim]
+    routes: torch.Tensor | None = None  # [length, layers, topk]
 
 
 @dataclasses.dataclass
@@ -51,10 +53,12 @@ class _Entry:
     k: torch.Tensor  # [layers, n, kv_heads, dim]
     v: torch.Tensor
     used: int  # recency stamp
+    routes: torch.Tensor | None = None  # [n, layers, topk]
 
     @property
     def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        routes = self.routes.numel() * self.routes.element_size() if self.routes is not None else 0
+        return 2 * self.k.numel() * self.k.element_size() + routes
 
 
 class PrefixStore:
@@ -106,15 +110,18 @@ class PrefixStore:
         if best is None or best_len < self.min_tokens:
             return None
         best.used = next(self._clock)
-        return PrefixHit(best_len, best.k[:, :best_len], best.v[:, :best_len])
+        routes = best.routes[:best_len] if best.routes is not None else None
+        return PrefixHit(best_len, best.k[:, :best_len], best.v[:, :best_len], routes)
 
-    def add(self, tokens: Sequence[int], k: torch.Tensor, v: torch.Tensor) -> None:
-        """Stores a finished sequence's keys and values ``[layers, len(tokens), kv_heads, dim]``;
-        drops stored prefixes of it, then the least recently used entries over the budget."""
+    def add(self, tokens: Sequence[int], k: torch.Tensor, v: torch.Tensor,
+            routes: torch.Tensor | None = None) -> None:
+        """Stores a finished sequence's keys and values ``[layers, len(tokens), kv_heads, dim]``
+        (and routes ``[len(tokens), layers, topk]``); drops stored prefixes of it, then the least
+        recently used entries over the budget."""
         if not self.keeps(len(tokens)):
             return
         ids = torch.as_tensor(list(tokens), dtype=torch.long)
-        entry = _Entry(ids, k, v, next(self._clock))
+        entry = _Entry(ids, k, v, next(self._clock), routes)
         if entry.nbytes > self.budget_bytes:
             return
         self._entries = [e for e in self._entries

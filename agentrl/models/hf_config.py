@@ -14,9 +14,8 @@ __all__ = ["EMBEDDED_MODEL_TYPES", "MOE_MODEL_TYPES", "architecture", "check_saf
            "check_supported", "load_tokenizer", "mixture_of_experts", "read_config", "read_safetensors", "rope_theta", "safetensors_files",
            "safetensors_specs"]
 
-EMBEDDED_MODEL_TYPES = ("qwen2", "llama")
-"""Model types the embedded engine serves (the Megatron trainer also trains ``qwen3``, whose
-per-head query/key norms the embedded engine does not implement: serve those with SGLang)."""
+EMBEDDED_MODEL_TYPES = ("qwen2", "qwen3", "qwen3_moe", "llama")
+"""Model types the embedded engine serves: every one the Megatron trainer trains."""
 
 
 def read_config(source: str | Path, error: type[Exception]) -> dict[str, Any]:

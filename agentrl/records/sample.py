@@ -13,6 +13,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from agentrl.engine.base import RoutedExperts
+
 
 class Status(enum.StrEnum):
     """What became of a sample.
@@ -85,6 +87,10 @@ class Sample:
         token_versions: Per response token, the weight version that sampled it (see
             :func:`parse_version`); ``-1`` for environment tokens and unknown versions. Empty
             when not recorded (samples made outside the rollout).
+        routed_experts: For a mixture-of-experts policy whose engine reports them: the experts
+            each position of ``tokens`` was routed to at rollout, from position 0 (at most
+            ``len(tokens) - 1`` positions: the last sampled token, and environment tokens after
+            it, were never run). The trainer replays them with ``--routing-replay``.
         metadata: Anything else (task id, tool error counts, error text of a failed sample).
     """
 
@@ -102,6 +108,7 @@ class Sample:
     turns: list[Turn] = dataclasses.field(default_factory=list)
     weight_version: str | None = None
     token_versions: list[int] = dataclasses.field(default_factory=list)
+    routed_experts: RoutedExperts | None = None
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -144,11 +151,19 @@ class Sample:
             position = turn.end
         if self.turns and position != n:
             raise ValueError(f"turns cover {position} response tokens, not {n}")
+        if self.routed_experts is not None and self.routed_experts.positions > max(len(self.tokens) - 1, 0):
+            raise ValueError(f"routed_experts covers {self.routed_experts.positions} positions; "
+                             f"the sample runs {max(len(self.tokens) - 1, 0)}")
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-compatible dict (``status`` as its string value)."""
-        data = dataclasses.asdict(self)
+        routes, self.routed_experts = self.routed_experts, None  # bytes: not asdict's to copy
+        try:
+            data = dataclasses.asdict(self)
+        finally:
+            self.routed_experts = routes
         data["status"] = self.status.value
+        data["routed_experts"] = routes.to_json() if routes is not None else None
         return data
 
     @classmethod
@@ -161,6 +176,9 @@ class Sample:
         values = dict(data)
         values["status"] = Status(values.get("status", Status.PENDING))
         values["turns"] = [t if isinstance(t, Turn) else Turn(**t) for t in values.get("turns", [])]
+        routes = values.get("routed_experts")
+        if isinstance(routes, Mapping):
+            values["routed_experts"] = RoutedExperts.from_json(routes)
         return cls(**values)
 
     def to_json(self) -> str:

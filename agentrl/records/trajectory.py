@@ -73,6 +73,8 @@ class Trajectory:
         self.append_assistant(out.output_ids, out.output_logprobs, finish_reason=out.finish_reason,
                               generate_s=time.perf_counter() - started,
                               weight_version=out.weight_version, token_versions=versions)
+        if out.routed_experts is not None:  # every position so far but the last: the newest wins
+            self.sample.routed_experts = out.routed_experts.head(len(self.sample.tokens) - 1)
         return out
 
     def append_assistant(

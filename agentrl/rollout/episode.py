@@ -385,6 +385,7 @@ class Episode:
         sample.response_length = 0
         sample.loss_mask, sample.rollout_log_probs, sample.turns = [], [], []
         sample.token_versions = []
+        sample.routed_experts = None
         if renderer is None:
             sample.tokens = []
             return

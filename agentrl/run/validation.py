@@ -18,7 +18,7 @@ from agentrl.config import flag
 from agentrl.env.registry import env_spec
 from agentrl.env.sandboxed import SandboxedToolEnv
 from agentrl.errors import ConfigError, PluginError
-from agentrl.models.hf_config import EMBEDDED_MODEL_TYPES, check_safetensors_headers, read_config
+from agentrl.models.hf_config import check_safetensors_headers, read_config
 from agentrl.models.tiny import TINY_MODEL_CONFIG
 from agentrl.plugins import load_plugin
 from agentrl.rollout.agents import FunctionAgent
@@ -123,15 +123,9 @@ def check_files(args: Args) -> None:
         if model_type not in SUPPORTED_MODEL_TYPES:  # every run trains it: no backend helps
             raise ConfigError(
                 f"--hf-checkpoint {checkpoint} is a {model_type!r} model; train.py trains "
-                f"{', '.join(SUPPORTED_MODEL_TYPES)} models (the Megatron trainer), and the "
-                f"embedded engine serves {' and '.join(EMBEDDED_MODEL_TYPES)}: pick a model of "
-                "those families (agentrl models list names one that works here)")
-        if rollout.rollout_backend not in ("sglang", "vllm") and model_type not in EMBEDDED_MODEL_TYPES:
-            raise ConfigError(
-                f"--hf-checkpoint {checkpoint} is a {model_type!r} model; "
-                f"--rollout-backend {rollout.rollout_backend} serves "
-                f"{' and '.join(EMBEDDED_MODEL_TYPES)} models: serve it with --rollout-backend "
-                "sglang or vllm")
+                f"{', '.join(SUPPORTED_MODEL_TYPES)} models (the Megatron trainer and the embedded "
+                "engine both run those): pick a model of those families (agentrl models list "
+                "names one that works here)")
         try:
             check_safetensors_headers(checkpoint, ConfigError)
         except ConfigError as exc:
@@ -184,6 +178,13 @@ def _check_placement(args: Args) -> None:
             f"--actor-num-nodes x --actor-num-gpus-per-node = {cluster.world_size} ranks are not "
             f"a multiple of --tensor-model-parallel-size {tensor_parallel}")
     backend = rollout.rollout_backend
+    if trainer.routing_replay and backend != "embedded":
+        raise ConfigError(
+            f"--routing-replay with --rollout-backend {backend}: it replays the experts the engine "
+            "reports for each token, and only the embedded engine reports them (agentrl's SGLang "
+            "and vLLM clients do not read a server's routes; vLLM on CPU cannot return them: its "
+            "routed-experts output needs the V2 model runner, which needs Triton's CPU "
+            "backend); use --rollout-backend embedded, or drop --routing-replay")
     if backend == "embedded":
         if cluster.rollout_num_gpus_per_engine != 1:
             raise ConfigError(

@@ -61,6 +61,7 @@ from agentrl.trainer.hf_weights import (
 from agentrl.trainer.lora import LoraConfig, add_lora
 from agentrl.trainer.model_flags import check_model_flags
 from agentrl.trainer.replica_metrics import importance_ratio_metrics, sum_over_data_parallel
+from agentrl.trainer.routing_replay import replay_targets, replaying
 from agentrl.trainer.schedule import decay_steps, global_rank, load_schedule
 from agentrl.trainer.trained_positions import packed_trained_logprobs, trained_token_logprobs
 
@@ -137,11 +138,16 @@ class MegatronActor:
                              recompute_num_layers=1)
         if config.moe_aux_loss_coeff:
             overrides["moe_aux_loss_coeff"] = config.moe_aux_loss_coeff
+        if config.routing_replay:
+            overrides["moe_enable_routing_replay"] = True
+        self.replayed_rows = [0, 0]
+        """Rows trained or scored with replayed routes, and all rows (``--routing-replay``)."""
         self.model = self._build(overrides)
         self.vocab_size = hf_spec_of(self.model).vocab_size
         self.ref_model = None
         if config.use_kl_loss or config.kl_coef:
-            self.ref_model = self._build({})
+            # the base model, replaying the rollout's routes as the policy does
+            self.ref_model = self._build({k: v for k, v in overrides.items() if k == "moe_enable_routing_replay"})
             self.ref_model.load_state_dict(self.model.state_dict())
             self.ref_model.eval().requires_grad_(False)
         self.lora: LoraConfig | None = None
@@ -213,16 +219,28 @@ class MegatronActor:
         attends. Targets were checked once per batch (:meth:`_as_batch`)."""
         if not self.config.sequence_parallel:
             # packed: a micro-batch's rows concatenated without padding (trained_positions.py)
-            return packed_trained_logprobs(
-                model, batch.tokens, [max(len(s.tokens), 1) for s in batch.samples], batch.mask,
-                device=self.device, vocab_size=self.vocab_size, temperature=temperature,
-                chunk_size=LOGPROB_CHUNK, entropy=entropy, entropy_grad=entropy_grad,
-                # Transformer Engine's attention reads Megatron's packed-sequence parameters
-                layout="thd" if self.config.transformer_impl == "transformer_engine" else "sbhd")
+            lengths = [max(len(s.tokens), 1) for s in batch.samples]
+            with replaying(model, self._replay_targets(batch.samples, lengths)):
+                return packed_trained_logprobs(
+                    model, batch.tokens, lengths, batch.mask,
+                    device=self.device, vocab_size=self.vocab_size, temperature=temperature,
+                    chunk_size=LOGPROB_CHUNK, entropy=entropy, entropy_grad=entropy_grad,
+                    # Transformer Engine's attention reads Megatron's packed-sequence parameters
+                    layout="thd" if self.config.transformer_impl == "transformer_engine" else "sbhd")
         return trained_token_logprobs(
             model, batch.tokens.to(self.device), batch.mask, vocab_size=self.vocab_size,
             temperature=temperature, chunk_size=LOGPROB_CHUNK, entropy=entropy,
             entropy_grad=entropy_grad, every_position=self.config.sequence_parallel)
+
+    def _replay_targets(self, samples: Sequence[Sample], lengths: Sequence[int]) -> torch.Tensor | None:
+        """The routes to replay for a packed micro-batch (``--routing-replay``), or ``None``."""
+        if not self.config.routing_replay:
+            return None
+        spec = hf_spec_of(unwrap_model(self.model))
+        targets = replay_targets(samples, lengths, spec.num_layers, spec.moe_topk)
+        self.replayed_rows[0] += len(samples) if targets is not None else 0
+        self.replayed_rows[1] += len(samples)
+        return targets
 
     @torch.no_grad()
     def logprobs(self, samples_or_batch: Sequence[Sample] | TrainBatch, *, reference: bool = False
@@ -274,16 +292,21 @@ class MegatronActor:
         Returns:
             Metrics averaged over the steps: ``loss``, ``pg_loss``, ``kl_loss``, ``entropy``,
             ``clip_fraction``, ``ppo_kl``, ``grad_norm``, ``lr``, ``advantage_abs_mean``,
-            ``train_tokens_per_s``, ``logprob_abs_diff`` (trainer vs rollout log-probs). With an
+            ``train_tokens_per_s``, ``logprob_abs_diff`` and ``logprob_k3_kl`` (the trainer's
+            log-probs against the rollout's: the mean absolute difference, and the k3 estimate
+            of KL(rollout policy || trainer) on the rollout's tokens). With an
             ``--off-policy-correction`` (not none), over the trained tokens at the pre-step
             policy: ``is_ratio_mean`` / ``is_ratio_min`` / ``is_ratio_max`` of
             ``exp(old - rollout)``, the share outside ``[--tis-clip-low, --tis-clip]``
             (``is_clipped_fraction`` for tis, ``is_masked_fraction`` for mis) and
-            ``logprob_drift`` (mean ``|old - rollout|``).
+            ``logprob_drift`` (mean ``|old - rollout|``). With ``--routing-replay``:
+            ``routing_replayed``, the share of the rows' forwards that replayed the rollout's
+            routes (a micro-batch with a sample without recorded routes routes again).
         """
         c = self.config
         batch = self._as_batch(samples)
         started = time.perf_counter()
+        self.replayed_rows = [0, 0]
         steps = c.num_steps_per_rollout or 1
         step_size = c.global_batch_size or len(batch.samples)
         if c.global_batch_size is None:  # a varying sample count: equal shares, in order
@@ -334,6 +357,8 @@ class MegatronActor:
         metrics["train_tokens_per_s"] = float(batch.lengths.sum().item()) * steps / max(elapsed, 1e-9)
         metrics["advantage_abs_mean"] = float((advantages.abs() * batch.mask).sum() /
                                               batch.mask.sum().clamp(min=1))
+        if c.routing_replay:  # rows whose forwards replayed the rollout's routes
+            metrics["routing_replayed"] = self.replayed_rows[0] / max(self.replayed_rows[1], 1)
         return {**metrics, **off_policy}
 
     def _importance_ratio_metrics(self, batch: TrainBatch, step_rows: list[list[int]],
@@ -364,6 +389,7 @@ class MegatronActor:
         # on the device until the step ends: one transfer to the host per step (sum_over_data_parallel)
         sums: dict[str, torch.Tensor] = {}
         logprob_diff = torch.zeros((), device=self.device)
+        mismatch_k3 = torch.zeros((), device=self.device)
         for micro in self._my_micro_batches(step_batch):
             part = step_batch.select(micro)
             width = part.mask.shape[1]
@@ -390,14 +416,19 @@ class MegatronActor:
             (loss * self.dp_size).backward()  # data-parallel gradients are averaged, not summed
             for key, value in parts.items():
                 sums[key] = sums[key] + value.detach() if key in sums else value.detach()
-            logprob_diff = logprob_diff + ((logp.detach() - part.rollout_logprobs.to(logp.device)).abs() * m).sum()
+            rollout_logp = part.rollout_logprobs.to(logp.device)
+            logprob_diff = logprob_diff + ((logp.detach() - rollout_logp).abs() * m).sum()
+            # KL(rollout policy || trainer), estimated on the rollout's own tokens
+            mismatch_k3 = mismatch_k3 + (kl_estimate(rollout_logp, logp.detach(), "k3") * m).sum()
         sums["logprob_abs_diff"] = logprob_diff
+        sums["logprob_k3_kl"] = mismatch_k3
         totals = sum_over_data_parallel(sums, self.device)
         totals["grad_norm"] = _apply_step(self.ddp, self.optimizer, self.scheduler)
         self.step += 1
         tokens = max(float(mask.sum()), 1.0)
         totals["lr"] = float(self.optimizer.param_groups[0]["lr"])
         totals["logprob_abs_diff"] /= tokens
+        totals["logprob_k3_kl"] /= tokens
         return totals
 
     def _sft_step(self, batch: TrainBatch, rows: list[int]) -> dict[str, float]:

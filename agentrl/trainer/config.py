@@ -109,6 +109,10 @@ class TrainerConfig:
     moe_aux_loss_coeff: float = option(0.0, "load-balancing loss coefficient of a mixture-of-"
                                        "experts model (megatron's aux_loss; 0: off, the usual "
                                        "choice when RL fine-tunes a trained router)")
+    routing_replay: bool = option(False, "mixture-of-experts models: the trainer's forward uses "
+                                  "the experts each token was routed to at rollout instead of "
+                                  "routing again (the engine must report them: the embedded "
+                                  "engine does; agentrl/trainer/routing_replay.py)")
     # batch
     global_batch_size: int | None = option(None, "samples per optimizer step (default: the whole "
                                            "rollout, one step per rollout)")
@@ -225,6 +229,9 @@ class TrainerConfig:
                 raise ConfigError("--lora-rank does not work with --sequence-parallel; drop one")
         elif self.lora_lr is not None:
             raise ConfigError("--lora-lr has no effect without --lora-rank R (R >= 1)")
+        if self.routing_replay and (self.recompute_activations or self.sequence_parallel):
+            raise ConfigError("--routing-replay replays a packed forward once: it does not work with "
+                              "--recompute-activations or --sequence-parallel; drop one")
         if self.use_dynamic_batch_size and not self.max_tokens_per_gpu:
             raise ConfigError("--use-dynamic-batch-size needs --max-tokens-per-gpu N")
         if self.use_kl_loss and self.kl_loss_coef <= 0:

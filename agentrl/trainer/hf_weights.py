@@ -53,6 +53,7 @@ import torch
 import torch.distributed as dist
 
 from agentrl.errors import AgentRLError, ConfigError
+from agentrl.models.experts import experts_one_by_one
 from agentrl.models.hf_config import read_safetensors
 from agentrl.trainer.config import LORA_TARGETS
 from agentrl.trainer.hf_convert import hf_spec_of, parallel_sizes, unwrap_model
@@ -256,25 +257,6 @@ def _merge(rule: _Rule, shards: list[torch.Tensor], spec: HFModelSpec) -> list[t
     return [t.reshape(-1, *tail) for t in (q, k, v)]
 
 
-def _experts_one_by_one(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``state`` with transformers 5's in-memory expert tensors (``mlp.experts.gate_up_proj``
-    ``[experts, 2 * width, hidden]``, gate rows first, and ``mlp.experts.down_proj``
-    ``[experts, hidden, width]``) written per expert, as checkpoint files name them."""
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in state.items():
-        prefix, _, fused = name.rpartition("mlp.experts.")
-        if fused == "gate_up_proj" and tensor.dim() == 3:
-            for e, rows in enumerate(tensor):
-                gate, up = rows.chunk(2)
-                out[f"{prefix}mlp.experts.{e}.gate_proj.weight"] = gate
-                out[f"{prefix}mlp.experts.{e}.up_proj.weight"] = up
-        elif fused == "down_proj" and tensor.dim() == 3:
-            out.update({f"{prefix}mlp.experts.{e}.down_proj.weight": w for e, w in enumerate(tensor)})
-        else:
-            out[name] = tensor
-    return out
-
-
 def read_hf_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """Reads every tensor of a Hugging Face model directory's safetensors files, on CPU.
 
@@ -321,7 +303,7 @@ def load_hf_weights(model: Any, source: str | Path | Mapping[str, torch.Tensor])
     spec = hf_spec_of(model)
     state = read_hf_state_dict(source) if isinstance(source, str | Path) else dict(source)
     if spec.is_moe:
-        state = _experts_one_by_one(state)
+        state = experts_one_by_one(state)
     rank, tp = _tp_rank_and_size()
     params = dict(model.named_parameters())
     padded_vocab = model.vocab_size

@@ -121,6 +121,9 @@ def _check_moe_flags(spec: HFModelSpec, args: Any) -> None:
         if coeff:
             raise ConfigError(f"--moe-aux-loss-coeff {coeff:g} is for mixture-of-experts models; "
                               f"the checkpoint is a dense {spec.model_type} model: drop the flag")
+        if _arg(args, "routing_replay"):
+            raise ConfigError(f"--routing-replay is for mixture-of-experts models; the checkpoint "
+                              f"is a dense {spec.model_type} model: drop the flag")
         return
     tp = int(_arg(args, "tensor_model_parallel_size") or 1)
     if tp > 1 and not _arg(args, "sequence_parallel"):

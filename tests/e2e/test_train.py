@@ -419,3 +419,39 @@ def test_vllm_serves_lora_adapters_pushed_alone(tmp_path):
     assert {json.loads(line)["weight_version"] for line in second} == {"1"}
     assert sorted(p.name for p in (out / "weights").iterdir()) == ["adapter-v1", "adapter-v2"]
     assert (out / "weights" / "adapter-v2" / "adapter_config.json").is_file()
+
+
+def test_a_mixture_of_experts_trains_resumes_exports_and_plays(tmp_path):
+    """`train.py --hf-checkpoint <tiny Qwen3-MoE from scripts/make-tiny-moe.py> --routing-replay`:
+    the embedded engine samples from it and reports each token's experts, the trainer replays
+    them and trains with the load-balancing loss, the run resumes with --load, and the export is
+    a Qwen3-MoE folder that `agentrl eval` plays."""
+    import transformers
+
+    made = subprocess.run([sys.executable, str(REPO / "scripts" / "make-tiny-moe.py"), "--out",
+                           str(tmp_path / "moe")], capture_output=True, text=True, timeout=600)
+    assert made.returncode == 0 and made.stdout.strip() == str(tmp_path / "moe"), made.stderr[-2000:]
+    rm = tmp_path / "rm.py"  # a reward with spread, so the experts and router get gradients
+    rm.write_text("def rm(args, sample):\n    return float(len(sample.response) % 3 == 0)\n")
+    command = [*TINY_RUN, "--hf-checkpoint", str(tmp_path / "moe"), "--moe-aux-loss-coeff", "0.01",
+               "--routing-replay",
+               "--lr", "1e-3", "--no-use-ray", "--custom-rm-path", str(rm), "--n-samples-per-prompt", "4",
+               "--no-progress", "--output-dir", str(tmp_path / "run")]
+    first = train(*command, "--num-rollout", "1", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    more = train(*command, "--num-rollout", "2", "--load", str(tmp_path / "run"),
+                 "--save-hf", str(tmp_path / "hf"), cwd=tmp_path)
+    assert more.returncode == 0, more.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rollout_id"] for r in rows] == [0, 1] and all(r["train/grad_norm"] > 0 for r in rows)
+    assert all(r["train/logprob_abs_diff"] < 1e-4 for r in rows)  # engine and trainer agree
+    assert all(r["train/routing_replayed"] == 1.0 for r in rows)  # every forward replayed
+    saved = tmp_path / "hf" / "rollout_00002"
+    model = transformers.AutoModelForCausalLM.from_pretrained(saved)
+    assert type(model).__name__ == "Qwen3MoeForCausalLM"
+    played = subprocess.run([sys.executable, "-m", "agentrl", "eval", "--env", "calc", "--policy", "model",
+                             "--hf-checkpoint", str(saved), "--limit", "2", "--max-turns", "2",
+                             "--rollout-max-response-len", "12", "--output", str(tmp_path / "eval.json")],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert played.returncode == 0, played.stderr[-3000:]
+    assert json.loads((tmp_path / "eval.json").read_text())["sets"]["calc"]["n_samples"] == 2

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -254,6 +255,65 @@ def test_a_mixture_of_experts_trains_resumes_and_exports(samples, tmp_path):
     trained = [s.prompt_length - 1 + i for i, m in enumerate(s.loss_mask) if m]  # where it computes
     mine = first.logprobs([s])[0, trained]
     torch.testing.assert_close(mine, theirs[trained], rtol=0, atol=1e-4)
+
+
+def _near_tied_moe(directory: Path) -> Path:
+    """The tiny Qwen3-MoE with every router row within 1e-6 of the first: each token's top-2
+    is decided by float rounding, which differs between the engine and the trainer."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(build_tiny_moe_model(), directory)
+    weights = load_file(directory / "model.safetensors")
+    generator = torch.Generator().manual_seed(0)
+    for name, w in weights.items():
+        if name.endswith("mlp.gate.weight"):
+            weights[name] = (w[0][None] + 1e-6 * torch.randn(w.shape, generator=generator)).contiguous()
+    save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
+    return directory
+
+
+def test_routing_replay_gives_the_trainer_the_engines_logprobs_on_near_tied_routers(tmp_path):
+    """Without replay the trainer routes near-tied tokens to other experts than the engine did
+    and its log-probs drift from the rollout's; replaying the routes the engine recorded brings
+    them back to float rounding. Gradients still reach the router through the replayed scores."""
+    model = _near_tied_moe(tmp_path / "moe")
+
+    async def play() -> list[Sample]:
+        engine = EmbeddedEngine.from_pretrained(model, max_batch_size=8)
+        try:
+            fmt = EveryTurnCalls("look")
+            ctx = RolloutContext(
+                RolloutConfig(max_turns=3), FixedLengthTurns(engine), ChatRenderer(engine.tokenizer, fmt),
+                SamplingParams(max_new_tokens=10, temperature=TEMPERATURE), 512,
+                lambda: LookEnv(max_turns=3, tool_call_format=fmt))
+            group = [Sample(group_id=g, index=i, metadata={"task": {"i": g}})
+                     for g in range(2) for i in range(4)]
+            return list(await asyncio.gather(*(Episode(ctx, s, f"s{s.group_id}-{s.index}").run()
+                                               for s in group)))
+        finally:
+            await engine.close()
+
+    rollout = asyncio.run(play())
+    for s in rollout:  # every position the engine ran, through three turns and two tool replies
+        assert s.routed_experts is not None and s.routed_experts.positions == len(s.tokens) - 1
+        s.reward = float(s.index % 2)
+    trained = [[s.prompt_length - 1 + i for i, m in enumerate(s.loss_mask) if m] for s in rollout]
+    mismatch = {}
+    for replay in (False, True):
+        a = MegatronActor(TrainerConfig(lr=1e-3, routing_replay=replay), hf_checkpoint=model,
+                          rollout_temperature=TEMPERATURE, total_steps=1)
+        logp = a.logprobs(rollout)
+        diffs = torch.cat([(logp[row, positions] - torch.tensor(
+            [lp for lp, m in zip(s.rollout_log_probs, s.loss_mask, strict=True) if m])).abs()
+            for row, (s, positions) in enumerate(zip(rollout, trained, strict=True))])
+        mismatch[replay] = float(diffs.mean())
+        if replay:
+            assert a.replayed_rows == [8, 8]
+            router = a.hf_state_dict()["model.layers.0.mlp.gate.weight"]
+            metrics = a.train(rollout)
+            assert metrics["routing_replayed"] == 1.0 and metrics["grad_norm"] > 0
+            assert not torch.equal(a.hf_state_dict()["model.layers.0.mlp.gate.weight"], router)
+    assert mismatch[True] < 1e-5 < 1e-4 < mismatch[False], mismatch
 
 
 def _tp2_worker(rank: int, port: int, data: str, out: str) -> None:

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from agentrl.engine import EmbeddedEngine, GenerateOutput, SamplingParams
+from agentrl.engine import EmbeddedEngine, GenerateOutput, RoutedExperts, SamplingParams
 from agentrl.errors import EngineError
 from tests.support.tokenizers import tiny_tokenizer
 
@@ -111,7 +111,7 @@ def test_greedy_matches_transformers_generate(model_dir: Path, hf: Qwen2ForCausa
         assert len(set(expected)) > 3  # a real sequence, not one token repeated
         assert out.finish_reason == "length" and out.matched is None
         assert out.prompt_tokens == len(prompt) and out.weight_version == "0"
-        assert out.latency_s > 0
+        assert out.latency_s > 0 and out.routed_experts is None  # a dense model routes nothing
 
 
 def _mixed_requests() -> list[tuple[list[int], SamplingParams]]:
@@ -582,3 +582,48 @@ def test_a_failure_while_admitting_fails_the_requests_instead_of_hanging(model_d
         return str(info.value)
 
     assert "prefill broke" in run(model_dir, body)
+
+
+# --- mixture of experts ----------------------------------------------------------------
+
+
+def test_a_mixture_of_experts_generates_as_transformers_and_reports_its_routes(tmp_path: Path) -> None:
+    """Qwen3-MoE: greedy output equal to transformers' generate; each output reports, for every
+    position it ran, the experts transformers' router picks there; a second turn served from the
+    prefix store reports the reused positions' routes too (they travel with the keys)."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    tokenizer = tiny_tokenizer()
+    config = Qwen3MoeConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+        num_experts=6, num_experts_per_tok=2, norm_topk_prob=True, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+        initializer_range=0.1, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=0)
+    torch.manual_seed(0)
+    hf_moe = Qwen3MoeForCausalLM(config).eval()
+    hf_moe.save_pretrained(tmp_path / "moe")
+    prompt = _prompt(30, 300)
+
+    async def body(engine: EmbeddedEngine) -> tuple[GenerateOutput, GenerateOutput, list[int]]:
+        first = await engine.generate(prompt, GREEDY.replace(max_new_tokens=12))
+        turn = [*prompt, *first.output_ids, *_prompt(5, 800)]
+        return first, await engine.generate(turn, GREEDY.replace(max_new_tokens=8)), turn
+
+    first, second, turn = run(tmp_path / "moe", body)
+    assert first.output_ids == _hf_greedy(hf_moe, prompt, 12)
+    assert second.cached_tokens == len(prompt) + 11  # the first turn's positions, routes included
+    for out, ids in ((first, prompt), (second, turn)):
+        sequence = [*ids, *out.output_ids]
+        routes = out.routed_experts
+        assert routes is not None and (routes.positions, routes.layers, routes.topk) == (len(sequence) - 1, 2, 2)
+        got = torch.frombuffer(bytearray(routes.data), dtype=torch.int16).view(-1, 2, 2).long()
+        with torch.no_grad():
+            router_logits = hf_moe(torch.tensor([sequence[:-1]]), output_router_logits=True).router_logits
+        expected = torch.stack([torch.topk(r.softmax(-1), 2).indices for r in router_logits], dim=1)
+        assert torch.equal(got.sort(-1).values, expected.sort(-1).values)
+        assert RoutedExperts.from_json(json.loads(json.dumps(routes.to_json()))) == routes
+        assert routes.head(5).data == routes.data[: 5 * 2 * 2 * 2]
+    with pytest.raises(ValueError, match=r"do not hold \[3, 2, 2\] int16 values"):
+        RoutedExperts(b"\0" * 10, 3, 2, 2)
+    assert run(tmp_path / "moe", lambda e: e.generate(prompt, GREEDY)).routed_experts is not None

@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 from agentrl.chat.tiny_tokenizer import cache_root
 from agentrl.engine.model import DecoderConfig, DecoderModel
@@ -31,10 +40,10 @@ def _small(kind: str, **overrides) -> tuple[torch.nn.Module, dict]:
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
     common.update(overrides)
     torch.manual_seed(0)
-    if kind == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**common))
-    else:
-        model = LlamaForCausalLM(LlamaConfig(**common))
+    classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM),
+               "qwen3": (Qwen3Config, Qwen3ForCausalLM), "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM)}
+    config_class, model_class = classes[kind]
+    model = model_class(config_class(**common))
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
@@ -54,6 +63,12 @@ CASES = {
     "llama-bias-tied": ("llama", dict(tie_word_embeddings=True, attention_bias=True,
                                       mlp_bias=True)),
     "llama-head-dim": ("llama", dict(head_dim=16, rope_theta=500.0)),
+    "qwen3-head-dim": ("qwen3", dict(head_dim=16, tie_word_embeddings=True)),
+    "qwen3-moe": ("qwen3_moe", dict(head_dim=16, num_experts=6, num_experts_per_tok=2,
+                                    moe_intermediate_size=24, norm_topk_prob=True)),
+    "qwen3-moe-unnormalised": ("qwen3_moe", dict(num_experts=4, num_experts_per_tok=3,
+                                                 moe_intermediate_size=16, norm_topk_prob=False,
+                                                 tie_word_embeddings=True)),
 }
 
 
@@ -70,7 +85,7 @@ def test_forward_matches_transformers(case: str) -> None:
     assert ref.std() > 0.05  # the comparison is not between two near-zero tensors
 
 
-@pytest.mark.parametrize("case", ["qwen2-tied", "llama-bias-tied"])
+@pytest.mark.parametrize("case", ["qwen2-tied", "llama-bias-tied", "qwen3-moe"])
 def test_cached_decode_matches_full_forward(case: str) -> None:
     kind, overrides = CASES[case]
     hf, config = _small(kind, **overrides)
@@ -262,7 +277,7 @@ def test_the_cache_allocates_the_slots_in_use_not_the_limit() -> None:
     assert cache.nbytes == 0 and (cache.slots, cache.capacity) == (0, 0)
 
 
-@pytest.mark.parametrize("case", ["qwen2-tied", "llama-untied"])
+@pytest.mark.parametrize("case", ["qwen2-tied", "llama-untied", "qwen3-moe"])
 def test_extend_after_a_stored_prefix_equals_the_full_forward(case: str) -> None:
     """A prefix-cache hit: each slot holds the first positions of its sequence (copied in, as
     the prefix store does), ``extend`` runs the rest in one padded batch, and decoding goes on
@@ -278,7 +293,7 @@ def test_extend_after_a_stored_prefix_equals_the_full_forward(case: str) -> None
     cache = model.new_cache(num_slots=4, max_len=64, initial_len=4)
     starts, ends = [17, 7], [30, 25]  # 17 of slot 0's 20 stored positions are reused
     for row, slot in enumerate((2, 3)):
-        cache.write_slot(slot, *source.read_slot(row, starts[row]))
+        cache.write_slot(slot, *source.read_slot(row, starts[row]), source.read_routes(row, starts[row]))
     logits = model.extend(cache, [seqs[r][starts[r] : ends[r]] for r in range(2)], [2, 3], starts)
     for row in range(2):
         assert torch.allclose(logits[row], ref[row, ends[row] - 1], atol=DECODE_TOL, rtol=0)
@@ -289,3 +304,40 @@ def test_extend_after_a_stored_prefix_equals_the_full_forward(case: str) -> None
         for row, p in enumerate(positions):
             assert torch.allclose(logits[row], ref[row, p], atol=DECODE_TOL, rtol=0), (row, p)
         positions = [p + 1 for p in positions]
+
+
+def _hf_routes(hf: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """The experts transformers' router picks ``[batch, seq, layers, topk]``, from its logits."""
+    with torch.no_grad():
+        out = hf(ids, output_router_logits=True)
+    k = hf.config.num_experts_per_tok
+    chosen = [torch.topk(logits.softmax(-1), k, dim=-1).indices for logits in out.router_logits]
+    return torch.stack(chosen, dim=1).view(ids.shape[0], ids.shape[1], len(chosen), k)
+
+
+def test_the_cache_keeps_the_experts_each_position_was_routed_to() -> None:
+    """Prefill, extend after a stored prefix, and decode each record, per cached position and
+    layer, the experts transformers' router chooses there (as sets: the order within a
+    position's top-k is the router's score order in both)."""
+    hf, config = _small("qwen3_moe", **CASES["qwen3-moe"][1])
+    model = DecoderModel.from_state_dict(config, hf.state_dict(), device="cpu")
+    gen = torch.Generator().manual_seed(7)
+    seqs = [torch.randint(0, VOCAB, (24,), generator=gen).tolist() for _ in range(2)]
+    expected = _hf_routes(hf, torch.tensor(seqs)).to(torch.int16)
+    cache = model.new_cache(num_slots=2, max_len=64, initial_len=4)
+    model.prefill(cache, [seqs[0][:10], seqs[1][:6]], [0, 1])
+    store = model.new_cache(num_slots=2, max_len=64, initial_len=4)
+    store.write_slot(1, *cache.read_slot(1, 6), cache.read_routes(1, 6))  # a prefix-cache hit
+    model.extend(store, [seqs[1][6:16]], [1], [6])
+    positions = [10, 16]
+    for _ in range(6):
+        model.decode(cache, torch.tensor([seqs[0][positions[0]]]), [positions[0]], slots=[0])
+        model.decode(store, torch.tensor([seqs[1][positions[1]]]), [positions[1]], slots=[1])
+        positions = [p + 1 for p in positions]
+    got = [cache.read_routes(0, positions[0]), store.read_routes(1, positions[1])]
+    for row in range(2):
+        assert got[row] is not None and got[row].shape == (positions[row], 2, 2)
+        assert torch.equal(got[row].sort(-1).values, expected[row, : positions[row]].sort(-1).values), row
+    assert model.new_cache(1, 8).routes is not None
+    dense, dense_config = _small("qwen2")
+    assert DecoderModel.from_state_dict(dense_config, dense.state_dict()).new_cache(1, 8).routes is None

@@ -267,17 +267,6 @@ def test_an_hf_checkpoint_config_that_is_not_json_names_the_file(
     assert f"--hf-checkpoint {model}: {model / 'config.json'} is not valid JSON" in err
 
 
-def test_a_model_the_embedded_engine_cannot_serve_is_refused_at_start_up(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The trainer trains qwen3; the embedded engine does not serve it: say so before loading."""
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text('{"model_type": "qwen3"}')
-    err = refused([*ENV, "--hf-checkpoint", str(model)], capsys)
-    assert "is a 'qwen3' model; --rollout-backend embedded serves qwen2 and llama" in err
-    assert "--rollout-backend sglang" in err
-
-
 @pytest.mark.parametrize("backend", [[], ["--rollout-backend", "vllm", "--rollout-engine-urls",
                                            "http://127.0.0.1:9"]])
 def test_a_model_nothing_here_can_train_is_refused_once_whatever_serves_it(
@@ -412,3 +401,14 @@ def test_a_flag_error_is_one_line_and_where_to_look(capsys: pytest.CaptureFixtur
     assert err.splitlines() == ["train.py: error: --rollout-batch-size must be >= 1, got 0",
                                 "(all flags: train.py --help)"]
 
+
+
+def test_routing_replay_needs_a_mixture_of_experts_and_an_engine_that_reports_routes(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused([*ENV, "--routing-replay"], capsys)
+    assert "--routing-replay is for mixture-of-experts models; the checkpoint is a dense qwen2 model" in err
+    err = refused([*ENV, "--routing-replay", "--rollout-backend", "vllm", "--rollout-engine-urls",
+                   "http://127.0.0.1:9"], capsys)
+    assert "only the embedded engine reports them" in err
+    err = refused([*ENV, "--routing-replay", "--recompute-activations"], capsys)
+    assert "it does not work with --recompute-activations or --sequence-parallel" in err
