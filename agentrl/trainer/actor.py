@@ -419,7 +419,9 @@ class MegatronActor:
             rollout_logp = part.rollout_logprobs.to(logp.device)
             logprob_diff = logprob_diff + ((logp.detach() - rollout_logp).abs() * m).sum()
             # KL(rollout policy || trainer), estimated on the rollout's own tokens
-            mismatch_k3 = mismatch_k3 + (kl_estimate(rollout_logp, logp.detach(), "k3") * m).sum()
+            # (in float64: k3 ~ gap^2 / 2, which float32 rounds to 0 for float32-sized gaps)
+            mismatch_k3 = mismatch_k3 + (kl_estimate(rollout_logp.double(), logp.detach().double(), "k3")
+                                         * m).sum().float()
         sums["logprob_abs_diff"] = logprob_diff
         sums["logprob_k3_kl"] = mismatch_k3
         totals = sum_over_data_parallel(sums, self.device)

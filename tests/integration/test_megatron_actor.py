@@ -49,13 +49,12 @@ class LookEnv(agentrl.ToolEnv):
         return 0.0
 
 
-@pytest.fixture(scope="module")
-def samples() -> list[Sample]:
-    """8 multi-turn samples (2 groups of 4) sampled by the embedded engine from the tiny model:
-    assistant turns (mask 1, engine log-probs) and tool replies (mask 0)."""
+def play_look_episodes(model: Path) -> list[Sample]:
+    """8 multi-turn samples (2 groups of 4) the embedded engine samples from ``model``: three
+    assistant turns (mask 1, engine log-probs) with two tool replies (mask 0) between them."""
 
     async def play() -> list[Sample]:
-        engine = EmbeddedEngine.from_pretrained(build_tiny_model(), max_batch_size=8)
+        engine = EmbeddedEngine.from_pretrained(model, max_batch_size=8)
         try:
             fmt = EveryTurnCalls("look")
             ctx = RolloutContext(
@@ -69,7 +68,13 @@ def samples() -> list[Sample]:
         finally:
             await engine.close()
 
-    out = asyncio.run(play())
+    return asyncio.run(play())
+
+
+@pytest.fixture(scope="module")
+def samples() -> list[Sample]:
+    """:func:`play_look_episodes` of the tiny model, with rewards."""
+    out = play_look_episodes(build_tiny_model())
     for s in out:  # rewards with spread inside each group
         s.reward = float(s.index % 2)
         assert s.loss_mask.count(0) > 0 and s.metadata["turns"] == 3
@@ -277,23 +282,7 @@ def test_routing_replay_gives_the_trainer_the_engines_logprobs_on_near_tied_rout
     and its log-probs drift from the rollout's; replaying the routes the engine recorded brings
     them back to float rounding. Gradients still reach the router through the replayed scores."""
     model = _near_tied_moe(tmp_path / "moe")
-
-    async def play() -> list[Sample]:
-        engine = EmbeddedEngine.from_pretrained(model, max_batch_size=8)
-        try:
-            fmt = EveryTurnCalls("look")
-            ctx = RolloutContext(
-                RolloutConfig(max_turns=3), FixedLengthTurns(engine), ChatRenderer(engine.tokenizer, fmt),
-                SamplingParams(max_new_tokens=10, temperature=TEMPERATURE), 512,
-                lambda: LookEnv(max_turns=3, tool_call_format=fmt))
-            group = [Sample(group_id=g, index=i, metadata={"task": {"i": g}})
-                     for g in range(2) for i in range(4)]
-            return list(await asyncio.gather(*(Episode(ctx, s, f"s{s.group_id}-{s.index}").run()
-                                               for s in group)))
-        finally:
-            await engine.close()
-
-    rollout = asyncio.run(play())
+    rollout = play_look_episodes(model)
     for s in rollout:  # every position the engine ran, through three turns and two tool replies
         assert s.routed_experts is not None and s.routed_experts.positions == len(s.tokens) - 1
         s.reward = float(s.index % 2)
