@@ -3,6 +3,7 @@ and flag errors that name the flag."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -425,7 +426,8 @@ def test_a_mixture_of_experts_trains_resumes_exports_and_plays(tmp_path):
     """`train.py --hf-checkpoint <tiny Qwen3-MoE from scripts/make-tiny-moe.py> --routing-replay`:
     the embedded engine samples from it and reports each token's experts, the trainer replays
     them and trains with the load-balancing loss, the run resumes with --load, and the export is
-    a Qwen3-MoE folder that `agentrl eval` plays."""
+    a Qwen3-MoE folder that transformers and the embedded engine run alike."""
+    import torch
     import transformers
 
     made = subprocess.run([sys.executable, str(REPO / "scripts" / "make-tiny-moe.py"), "--out",
@@ -449,9 +451,21 @@ def test_a_mixture_of_experts_trains_resumes_exports_and_plays(tmp_path):
     saved = tmp_path / "hf" / "rollout_00002"
     model = transformers.AutoModelForCausalLM.from_pretrained(saved)
     assert type(model).__name__ == "Qwen3MoeForCausalLM"
-    played = subprocess.run([sys.executable, "-m", "agentrl", "eval", "--env", "calc", "--policy", "model",
-                             "--hf-checkpoint", str(saved), "--limit", "2", "--max-turns", "2",
-                             "--rollout-max-response-len", "12", "--output", str(tmp_path / "eval.json")],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert played.returncode == 0, played.stderr[-3000:]
-    assert json.loads((tmp_path / "eval.json").read_text())["sets"]["calc"]["n_samples"] == 2
+    # the embedded engine serves the export (what a second run, or agentrl eval, starts from)
+    ids = [5, 17, 42, 7, 99, 3]
+    served = asyncio.run(_greedy_embedded(saved, ids))
+    with torch.no_grad():
+        expected = model.eval().generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False,
+                                         eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
+    assert served == expected
+
+
+async def _greedy_embedded(model: Path, prompt: list[int]) -> list[int]:
+    from agentrl.engine import EmbeddedEngine, SamplingParams
+
+    engine = EmbeddedEngine.from_pretrained(model)
+    try:
+        out = await engine.generate(prompt, SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True))
+        return out.output_ids
+    finally:
+        await engine.close()
