@@ -17,12 +17,14 @@ so summing micro-batch losses gives exactly the full-batch loss whatever the mic
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import math
 import pickle
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,7 @@ from agentrl.algorithms import (
 from agentrl.engine.weight_group import WeightGroup
 from agentrl.errors import ConfigError
 from agentrl.records.sample import Sample
+from agentrl.trainer.activation_memory import activation_bytes, too_large_to_keep
 from agentrl.trainer.batch import TrainBatch, build_batch, micro_batches
 from agentrl.trainer.config import TrainerConfig, lora_targets, resolve_off_policy_correction
 from agentrl.trainer.critic import ValueModel
@@ -64,6 +67,8 @@ from agentrl.trainer.replica_metrics import importance_ratio_metrics, sum_over_d
 from agentrl.trainer.routing_replay import replay_targets, replaying
 from agentrl.trainer.schedule import decay_steps, global_rank, load_schedule
 from agentrl.trainer.trained_positions import packed_trained_logprobs, trained_token_logprobs
+
+log = logging.getLogger(__name__)
 
 __all__ = ["MegatronActor"]
 
@@ -142,6 +147,9 @@ class MegatronActor:
             overrides["moe_enable_routing_replay"] = True
         self.replayed_rows = [0, 0]
         """Rows trained or scored with replayed routes, and all rows (``--routing-replay``)."""
+        self.recomputed_micro_batches = 0
+        """Micro-batches whose activations were recomputed because they would not fit."""
+        self._recompute_noted = False
         self.model = self._build(overrides)
         self.vocab_size = hf_spec_of(self.model).vocab_size
         self.ref_model = None
@@ -231,6 +239,35 @@ class MegatronActor:
             model, batch.tokens.to(self.device), batch.mask, vocab_size=self.vocab_size,
             temperature=temperature, chunk_size=LOGPROB_CHUNK, entropy=entropy,
             entropy_grad=entropy_grad, every_position=self.config.sequence_parallel)
+
+    @contextlib.contextmanager
+    def _recomputing_if_large(self, model: Any, tokens: int) -> Iterator[None]:
+        """Within the block (a micro-batch's forward and backward), ``model`` recomputes its
+        activations in the backward pass when ``--recompute-activations`` is left to its default
+        and the micro-batch's would take more than half the free memory
+        (:mod:`agentrl.trainer.activation_memory`). Recomputing changes no result. Never with
+        ``--routing-replay``, whose replayed routes the recomputation would not see."""
+        c = self.config
+        spec = hf_spec_of(unwrap_model(self.model))
+        if (c.recompute_activations is not None or c.routing_replay
+                or not too_large_to_keep(tokens, spec.num_layers, spec.hidden_size, self.params_dtype,
+                                         self.device)):
+            yield
+            return
+        if not self._recompute_noted:
+            self._recompute_noted = True
+            log.warning("a micro-batch of %d tokens would keep about %.1f GiB of activations, more than "
+                        "half the free memory: recomputing them in the backward pass for such micro-"
+                        "batches (same result, a second forward; --recompute-activations always, "
+                        "--no-recompute-activations never)", tokens,
+                        activation_bytes(tokens, spec.num_layers, spec.hidden_size, self.params_dtype) / 2**30)
+        config = unwrap_model(model).config
+        config.recompute_granularity, config.recompute_method, config.recompute_num_layers = "full", "uniform", 1
+        try:
+            yield
+        finally:
+            config.recompute_granularity = config.recompute_method = config.recompute_num_layers = None
+            self.recomputed_micro_batches += 1
 
     def _replay_targets(self, samples: Sequence[Sample], lengths: Sequence[int]) -> torch.Tensor | None:
         """The routes to replay for a packed micro-batch (``--routing-replay``), or ``None``."""
@@ -394,26 +431,27 @@ class MegatronActor:
             part = step_batch.select(micro)
             width = part.mask.shape[1]
             index = [rows[i] for i in micro]
-            logp, entropy = self._trained(self.model, part, temperature=self.temperature, entropy=True,
-                                          entropy_grad=bool(c.entropy_coef))  # else only a metric
-            m = part.mask.to(logp.device)
-            old_logp = (old[index, :width] if old is not None else logp.detach()).to(logp.device)
-            weights = None
-            if c.off_policy_correction != "none":
-                weigh = tis_weights if c.off_policy_correction == "tis" else mis_weights
-                weights = weigh(old_logp, part.rollout_logprobs.to(logp.device), m,
-                                low=c.tis_clip_low, high=c.tis_clip)
-            loss_mask = m if keep is None else m * keep[index, :width].to(logp.device)
-            loss, parts = total_loss(
-                logp, old_logp, advantages[index, :width].to(logp.device), loss_mask,
-                entropy=entropy, entropy_coef=c.entropy_coef,
-                ref_logp=ref[index, :width].to(logp.device) if ref is not None and c.use_kl_loss else None,
-                kl_loss_coef=c.kl_loss_coef if c.use_kl_loss else 0.0, kl_loss_type=c.kl_loss_type,
-                eps_clip=c.eps_clip, eps_clip_high=c.eps_clip_high, eps_clip_c=c.eps_clip_c,
-                ratio="sequence" if c.advantage_estimator == "gspo" else "token",
-                tis_weights=weights, aggregation=c.loss_aggregation, denominator=denominator,
-            )
-            (loss * self.dp_size).backward()  # data-parallel gradients are averaged, not summed
+            with self._recomputing_if_large(self.model, int(part.lengths.sum())):
+                logp, entropy = self._trained(self.model, part, temperature=self.temperature, entropy=True,
+                                              entropy_grad=bool(c.entropy_coef))  # else only a metric
+                m = part.mask.to(logp.device)
+                old_logp = (old[index, :width] if old is not None else logp.detach()).to(logp.device)
+                weights = None
+                if c.off_policy_correction != "none":
+                    weigh = tis_weights if c.off_policy_correction == "tis" else mis_weights
+                    weights = weigh(old_logp, part.rollout_logprobs.to(logp.device), m,
+                                    low=c.tis_clip_low, high=c.tis_clip)
+                loss_mask = m if keep is None else m * keep[index, :width].to(logp.device)
+                loss, parts = total_loss(
+                    logp, old_logp, advantages[index, :width].to(logp.device), loss_mask,
+                    entropy=entropy, entropy_coef=c.entropy_coef,
+                    ref_logp=ref[index, :width].to(logp.device) if ref is not None and c.use_kl_loss else None,
+                    kl_loss_coef=c.kl_loss_coef if c.use_kl_loss else 0.0, kl_loss_type=c.kl_loss_type,
+                    eps_clip=c.eps_clip, eps_clip_high=c.eps_clip_high, eps_clip_c=c.eps_clip_c,
+                    ratio="sequence" if c.advantage_estimator == "gspo" else "token",
+                    tis_weights=weights, aggregation=c.loss_aggregation, denominator=denominator,
+                )
+                (loss * self.dp_size).backward()  # data-parallel gradients are averaged, not summed
             for key, value in parts.items():
                 sums[key] = sums[key] + value.detach() if key in sums else value.detach()
             rollout_logp = part.rollout_logprobs.to(logp.device)
@@ -445,10 +483,11 @@ class MegatronActor:
         total = torch.zeros((), device=self.device)  # on the device until the step ends
         for micro in self._my_micro_batches(step_batch):
             part = step_batch.select(micro)
-            logp, _ = self._trained(self.model, part, temperature=1.0)
-            loss = -aggregate(logp, part.mask.to(logp.device), c.loss_aggregation,
-                              denominator=denominator)
-            (loss * self.dp_size).backward()
+            with self._recomputing_if_large(self.model, int(part.lengths.sum())):
+                logp, _ = self._trained(self.model, part, temperature=1.0)
+                loss = -aggregate(logp, part.mask.to(logp.device), c.loss_aggregation,
+                                  denominator=denominator)
+                (loss * self.dp_size).backward()
             total = total + loss.detach()
         total = sum_over_data_parallel({"sft_loss": total}, self.device)["sft_loss"]
         grad_norm = _apply_step(self.ddp, self.optimizer, self.scheduler)

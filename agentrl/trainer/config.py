@@ -96,7 +96,10 @@ class TrainerConfig:
     tensor_model_parallel_size: int = option(1, "tensor-parallel ranks")
     pipeline_model_parallel_size: int = option(1, "pipeline stages")
     sequence_parallel: bool = option(False, "sequence parallelism (GPU + Transformer Engine)")
-    recompute_activations: bool = option(False, "recompute activations in the backward pass")
+    recompute_activations: bool | None = option(
+        None, "recompute activations in the backward pass (default: only for the micro-batches "
+        "whose activations would take more than half the free memory; --no-recompute-"
+        "activations never; agentrl/trainer/activation_memory.py)")
     bf16: bool | None = option(None, "train in bfloat16: parameters and activations in bf16, "
                                "float32 master weights in the optimizer (default: on with CUDA; "
                                "off on CPU, where float32 keeps the trainer's log-probs equal to "
