@@ -5,13 +5,13 @@ the micro-batch's tokens x layers x width. Multi-turn agent episodes are long: o
 (5 turns) a SmolLM2-135M sample reaches about 5,500 tokens, whose activations alone took the
 trainer past 20 GiB on a 24 GiB machine (float32, CPU), where the kernel killed the run; with
 ``--recompute-activations`` (megatron's full recompute, one layer at a time) the same run
-peaked at 6.7 GiB. Recomputing costs a second forward in the backward pass and changes no
+peaked at 7.3 GiB. Recomputing costs a second forward in the backward pass and changes no
 result, so without the flag the trainer recomputes exactly the micro-batches whose estimated
 activations would take more than half the memory free at that moment.
 
 The estimate is :data:`ACTIVATION_BYTES_PER_UNIT` bytes per token, layer and unit of width at
-float32 (half at 16-bit), measured from that run: (20.3 - 6.7) GiB over 5,500 tokens x 30 layers
-x 576 wide is about 150 bytes; 160 keeps a margin.
+float32 (half at 16-bit), measured from that run: (20.3 - 7.3) GiB over 5,500 tokens x 30 layers
+x 576 wide is about 145 bytes; 160 keeps a margin.
 """
 
 from __future__ import annotations
