@@ -69,6 +69,32 @@ class _MarkerReader:
                 pending = pending[-keep:]
 
 
+async def _both_markers(
+    stdout: Awaitable[tuple[CappedBuffer, bytes]], stderr: Awaitable[tuple[CappedBuffer, bytes]],
+    timeout: float,
+) -> tuple[tuple[CappedBuffer, bytes], tuple[CappedBuffer, bytes]]:
+    """Both streams' reads, or the first one's error (``EOFError`` when the shell ended), or
+    ``TimeoutError``. Neither read outlives the call: when one fails, the time is up or the
+    caller is cancelled (a run's Ctrl-C), the other is cancelled and every outcome retrieved,
+    so none is reported later as "never retrieved" (``asyncio.gather`` under ``wait_for``
+    leaves its gathering future's cancellation unretrieved when the loop cancels the reads)."""
+    reads = [asyncio.ensure_future(stdout), asyncio.ensure_future(stderr)]
+    for read in reads:
+        read.add_done_callback(lambda task: task.cancelled() or task.exception())
+    try:
+        done, _ = await asyncio.wait(reads, timeout=timeout, return_when=asyncio.FIRST_EXCEPTION)
+        for read in reads:
+            error = read.exception() if read in done else None
+            if error is not None:
+                raise error
+        if len(done) < len(reads):
+            raise TimeoutError
+        return reads[0].result(), reads[1].result()
+    finally:
+        for read in reads:
+            read.cancel()
+
+
 class PipeShellSession(ShellSession):
     """A shell session over the pipes of a process started by ``spawn``.
 
@@ -111,11 +137,9 @@ class PipeShellSession(ShellSession):
             try:
                 proc.stdin.write(script.encode())
                 await proc.stdin.drain()
-                (out, status), (err, _) = await asyncio.wait_for(
-                    asyncio.gather(
-                        _MarkerReader(proc.stdout, self._output_bytes).read_until(marker),
-                        _MarkerReader(proc.stderr, self._output_bytes).read_until(marker),
-                    ),
+                (out, status), (err, _) = await _both_markers(
+                    _MarkerReader(proc.stdout, self._output_bytes).read_until(marker),
+                    _MarkerReader(proc.stderr, self._output_bytes).read_until(marker),
                     timeout,
                 )
             except TimeoutError:
