@@ -157,11 +157,8 @@ class Sample:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-compatible dict (``status`` as its string value)."""
-        routes, self.routed_experts = self.routed_experts, None  # bytes: not asdict's to copy
-        try:
-            data = dataclasses.asdict(self)
-        finally:
-            self.routed_experts = routes
+        routes = self.routed_experts  # bytes: written as base64, not deep-copied by asdict
+        data = dataclasses.asdict(dataclasses.replace(self, routed_experts=None))
         data["status"] = self.status.value
         data["routed_experts"] = routes.to_json() if routes is not None else None
         return data
