@@ -182,9 +182,10 @@ def test_micro_batches_too_large_to_keep_are_recomputed_to_the_same_step(samples
     """By default a micro-batch whose activations would not fit is trained with full
     recomputation: the step is the one that kept them, and the model goes back to keeping
     activations for the next micro-batch."""
-    kept = actor(recompute_activations=False)
+    monkeypatch.setattr("agentrl.trainer.actor.too_large_to_keep", lambda *args: True)  # none fits
+    kept = actor(recompute_activations=False)  # --no-recompute-activations: never
     kept_metrics = kept.train(samples)
-    monkeypatch.setattr("agentrl.trainer.actor.too_large_to_keep", lambda *args: True)
+    assert kept.recomputed_micro_batches == 0
     recomputed = actor()
     metrics = recomputed.train(samples)
     assert recomputed.recomputed_micro_batches == len(samples)  # --micro-batch-size 1
@@ -192,10 +193,6 @@ def test_micro_batches_too_large_to_keep_are_recomputed_to_the_same_step(samples
     for key in ("loss", "grad_norm"):
         assert metrics[key] == pytest.approx(kept_metrics[key], abs=1e-6), key
     assert torch.allclose(recomputed.logprobs(samples), kept.logprobs(samples), atol=1e-6)
-    monkeypatch.undo()
-    never = actor(recompute_activations=False)
-    never.train(samples)
-    assert never.recomputed_micro_batches == 0
 
 
 def test_a_truncated_checkpoint_falls_back_to_the_previous_one(samples, tmp_path):

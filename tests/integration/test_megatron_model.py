@@ -249,7 +249,8 @@ def test_vocab_parallel_logprobs_reject_bad_inputs(tp1: None) -> None:
 
 
 def _tp2_worker(rank: int, port: int, hf_dir: str, ckpt_dir: str, out_dir: str) -> None:
-    """Every TP=2 check in one process start; results go to ``out_dir/rank{rank}.pt``."""
+    """Every TP=2 check in one process start (the dense model's, then the Qwen3-MoE's under
+    ``out_dir/moe``); results go to ``out_dir/rank{rank}.pt``."""
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -276,6 +277,18 @@ def _tp2_worker(rank: int, port: int, hf_dir: str, ckpt_dir: str, out_dir: str) 
     with torch.no_grad():
         results["restored_logits"] = restored(ids, pos, None, runtime_gather_output=True)
 
+    # Qwen3-MoE: experts split over TP like dense MLPs, the router whole on each rank. Inference
+    # only: megatron's MoE layer refuses to train at TP > 1 without sequence parallelism.
+    moe = Path(out_dir) / "moe"
+    moe_model = build_gpt_model(moe / "hf").eval()
+    load_hf_weights(moe_model, moe / "hf")
+    moe_restored = build_gpt_model(moe / "hf").eval()
+    moe_restored.load_state_dict(dist_checkpointing.load(moe_restored.sharded_state_dict(), str(moe / "ckpt")))
+    with torch.no_grad():
+        results["moe_logits"] = moe_model(ids, pos, None, runtime_gather_output=True)
+        results["moe_restored_logits"] = moe_restored(ids, pos, None, runtime_gather_output=True)
+    results["moe_export"] = export_hf_state_dict(moe_model)
+
     # Synthetic logits split by hand; with vocab 180, rank 1's shard is all padding.
     generator = torch.Generator().manual_seed(2)
     full = torch.randn(3, 4, PADDED, generator=generator) * 3
@@ -291,7 +304,25 @@ def _tp2_worker(rank: int, port: int, hf_dir: str, ckpt_dir: str, out_dir: str) 
     destroy_model_parallel()
 
 
+def _moe_reference(directory: Path) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A Qwen3-MoE saved under ``directory`` (``hf/``, and a TP=1 Megatron checkpoint in
+    ``ckpt/``) with its TP=1 logits and export."""
+    from megatron.core import dist_checkpointing
+
+    reference, raw = hf_model("qwen3_moe", tie=False, seed=3)
+    reference.save_pretrained(directory / "hf")
+    model = build_gpt_model(raw).eval()
+    load_hf_weights(model, directory / "hf")
+    (directory / "ckpt").mkdir()
+    dist_checkpointing.save(model.sharded_state_dict(), str(directory / "ckpt"))
+    with torch.no_grad():
+        logits = model(*inputs(), None)
+    return logits, export_hf_state_dict(model)
+
+
 def test_tensor_parallel_2_equals_tp1(tp1: None, tmp_path: Path) -> None:
+    """At TP=2, against TP=1: logits, log-probs, gradients, an Adam step, the export and a
+    resharded TP=1 checkpoint; for Qwen3-MoE (inference) logits, export and checkpoint."""
     from megatron.core import dist_checkpointing
 
     reference, raw = hf_model("qwen2", tie=False, seed=3)
@@ -307,6 +338,7 @@ def test_tensor_parallel_2_equals_tp1(tp1: None, tmp_path: Path) -> None:
     grads = export_grads(model)
     export = export_hf_state_dict(model)
     grad_norm, after_step = adam_step(model, ids, pos)
+    moe_logits, moe_export = _moe_reference(tmp_path / "moe")
 
     spawn(_tp2_worker, (free_port(), str(tmp_path / "hf"), str(tmp_path / "ckpt"), str(tmp_path)))
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
@@ -323,6 +355,11 @@ def test_tensor_parallel_2_equals_tp1(tp1: None, tmp_path: Path) -> None:
         torch.testing.assert_close(tp2["after_step"][name], after_step[name], rtol=0, atol=1e-5,
                                    msg=name)
     assert tp2["grad_norm"] == pytest.approx(grad_norm, rel=1e-5)
+    torch.testing.assert_close(tp2["moe_logits"], moe_logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(tp2["moe_restored_logits"], moe_logits, rtol=0, atol=1e-5)
+    assert tp2["moe_export"].keys() == moe_export.keys()
+    for name in moe_export:
+        assert torch.equal(tp2["moe_export"][name], moe_export[name]), name
 
     for vocab in (VOCAB, 180):
         full, targets, *_ = ranks[0][f"synthetic_{vocab}"]
@@ -335,54 +372,6 @@ def test_tensor_parallel_2_equals_tp1(tp1: None, tmp_path: Path) -> None:
             torch.testing.assert_close(got_entropy, ref_entropy.detach(), rtol=0, atol=1e-5)
         shard_grads = torch.cat([result[f"synthetic_{vocab}"][4] for result in ranks], dim=-1)
         torch.testing.assert_close(shard_grads, plain.grad, rtol=0, atol=1e-5)
-
-
-def _moe_tp2_worker(rank: int, port: int, hf_dir: str, ckpt_dir: str, out_dir: str) -> None:
-    """A Qwen3-MoE model at TP=2: its gathered logits, its export and a resharded TP=1
-    checkpoint, to ``out_dir/rank{rank}.pt``."""
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    from megatron.core import dist_checkpointing
-
-    init_model_parallel(2, 1)
-    model = build_gpt_model(hf_dir).eval()
-    load_hf_weights(model, hf_dir)
-    ids, pos = inputs()
-    restored = build_gpt_model(hf_dir).eval()
-    restored.load_state_dict(dist_checkpointing.load(restored.sharded_state_dict(), ckpt_dir))
-    with torch.no_grad():
-        results = {"logits": model(ids, pos, None, runtime_gather_output=True),
-                   "restored_logits": restored(ids, pos, None, runtime_gather_output=True),
-                   "export": export_hf_state_dict(model)}
-    torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-    destroy_model_parallel()
-
-
-def test_moe_tensor_parallel_2_equals_tp1(tp1: None, tmp_path: Path) -> None:
-    """Qwen3-MoE's experts split over TP like dense MLPs, its router whole on each rank: TP=2
-    gives TP=1's logits, exports the same weights and reads a TP=1 checkpoint. (Training at
-    TP > 1 needs sequence parallelism, which megatron's MoE layer demands and the CPU cannot
-    run: ``test_moe_training_at_tp_2_names_what_it_needs``.)"""
-    from megatron.core import dist_checkpointing
-
-    reference, raw = hf_model("qwen3_moe", tie=False, seed=3)
-    reference.save_pretrained(tmp_path / "hf")
-    model = build_gpt_model(raw).eval()
-    load_hf_weights(model, tmp_path / "hf")
-    (tmp_path / "ckpt").mkdir()
-    dist_checkpointing.save(model.sharded_state_dict(), str(tmp_path / "ckpt"))
-    ids, pos = inputs()
-    with torch.no_grad():
-        logits = model(ids, pos, None)
-    export = export_hf_state_dict(model)
-    spawn(_moe_tp2_worker, (free_port(), str(tmp_path / "hf"), str(tmp_path / "ckpt"), str(tmp_path)))
-    tp2 = torch.load(tmp_path / "rank0.pt", weights_only=False)
-    torch.testing.assert_close(tp2["logits"], logits, rtol=0, atol=1e-5)
-    torch.testing.assert_close(tp2["restored_logits"], logits, rtol=0, atol=1e-5)
-    assert tp2["export"].keys() == export.keys()
-    for name in export:
-        assert torch.equal(tp2["export"][name], export[name]), name
 
 
 # --- configuration and flags -------------------------------------------------------------------
