@@ -177,6 +177,13 @@ def _check_placement(args: Args) -> None:
         raise ConfigError(
             f"--actor-num-nodes x --actor-num-gpus-per-node = {cluster.world_size} ranks are not "
             f"a multiple of --tensor-model-parallel-size {tensor_parallel}")
+    experts = trainer.expert_model_parallel_size
+    if (cluster.world_size // tensor_parallel) % experts:
+        raise ConfigError(
+            f"--expert-model-parallel-size {experts} must divide the trainer's data-parallel ranks "
+            f"(--actor-num-nodes x --actor-num-gpus-per-node = {cluster.world_size}, over "
+            f"--tensor-model-parallel-size {tensor_parallel}: {cluster.world_size // tensor_parallel}); "
+            "each of those ranks holds 1/N of the experts and trains its own samples")
     backend = rollout.rollout_backend
     if trainer.routing_replay and backend != "embedded":
         raise ConfigError(

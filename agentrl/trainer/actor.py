@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from agentrl.algorithms import (
     aggregate,
@@ -122,12 +123,14 @@ class MegatronActor:
         self.pad_id = pad_id
         self.total_steps = total_steps
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-        init_model_parallel(config.tensor_model_parallel_size, 1, seed=config.seed)
+        init_model_parallel(config.tensor_model_parallel_size, 1, ep=config.expert_model_parallel_size,
+                            seed=config.seed)
         torch.manual_seed(config.seed)
         from megatron.core import parallel_state
 
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.ep_size = parallel_state.get_expert_model_parallel_world_size()
 
         flags = {**dataclasses.asdict(config), **dict(model_overrides or {})}
         source = read_hf_config(hf_checkpoint) if hf_checkpoint is not None else None
@@ -228,13 +231,19 @@ class MegatronActor:
         if not self.config.sequence_parallel:
             # packed: a micro-batch's rows concatenated without padding (trained_positions.py)
             lengths = [max(len(s.tokens), 1) for s in batch.samples]
-            with replaying(model, self._replay_targets(batch.samples, lengths)):
-                return packed_trained_logprobs(
-                    model, batch.tokens, lengths, batch.mask,
+            tokens, mask, rows = batch.tokens, batch.mask, len(lengths)
+            if self.ep_size > 1:  # every expert-parallel rank packs as many tokens
+                tokens, mask, lengths = _padded_to(int(_ep_max(torch.tensor(sum(lengths), device=self.device))),
+                                                   tokens, mask, lengths, self.pad_id)
+            with replaying(model, self._replay_targets(batch.samples, lengths[:rows], sum(lengths[rows:]))):
+                logp, ent = packed_trained_logprobs(
+                    model, tokens, lengths, mask,
                     device=self.device, vocab_size=self.vocab_size, temperature=temperature,
                     chunk_size=LOGPROB_CHUNK, entropy=entropy, entropy_grad=entropy_grad,
                     # Transformer Engine's attention reads Megatron's packed-sequence parameters
                     layout="thd" if self.config.transformer_impl == "transformer_engine" else "sbhd")
+            width = batch.mask.shape[1]
+            return logp[:rows, :width], ent[:rows, :width] if ent is not None else None
         return trained_token_logprobs(
             model, batch.tokens.to(self.device), batch.mask, vocab_size=self.vocab_size,
             temperature=temperature, chunk_size=LOGPROB_CHUNK, entropy=entropy,
@@ -269,12 +278,17 @@ class MegatronActor:
             config.recompute_granularity = config.recompute_method = config.recompute_num_layers = None
             self.recomputed_micro_batches += 1
 
-    def _replay_targets(self, samples: Sequence[Sample], lengths: Sequence[int]) -> torch.Tensor | None:
-        """The routes to replay for a packed micro-batch (``--routing-replay``), or ``None``."""
+    def _replay_targets(self, samples: Sequence[Sample], lengths: Sequence[int], padding: int = 0
+                        ) -> torch.Tensor | None:
+        """The routes to replay for a packed micro-batch (``--routing-replay``), or ``None``;
+        ``padding`` tokens after the samples' (expert parallelism's) get the filler."""
         if not self.config.routing_replay:
             return None
         spec = hf_spec_of(unwrap_model(self.model))
         targets = replay_targets(samples, lengths, spec.num_layers, spec.moe_topk)
+        if targets is not None and padding:
+            filler = torch.arange(spec.moe_topk).expand(padding, spec.num_layers, spec.moe_topk)
+            targets = torch.cat([targets, filler])
         self.replayed_rows[0] += len(samples) if targets is not None else 0
         self.replayed_rows[1] += len(samples)
         return targets
@@ -404,7 +418,8 @@ class MegatronActor:
         batch's ``old``; each counts only the rows it trains, so the reduce counts a token once."""
         c = self.config
         mine = [rows[i] for rows in step_rows
-                for micro in self._my_micro_batches(batch.select(rows)) for i in micro]
+                for micro in self._my_micro_batches(batch.select(rows))
+                if not isinstance(micro, _IdleMicroBatch) for i in micro]
         return importance_ratio_metrics(
             old[mine], batch.rollout_logprobs[mine], batch.mask[mine],
             correction=c.off_policy_correction, low=c.tis_clip_low, high=c.tis_clip,
@@ -428,10 +443,10 @@ class MegatronActor:
         logprob_diff = torch.zeros((), device=self.device)
         mismatch_k3 = torch.zeros((), device=self.device)
         for micro in self._my_micro_batches(step_batch):
-            part = step_batch.select(micro)
+            part = self._part(step_batch, micro)
             width = part.mask.shape[1]
             index = [rows[i] for i in micro]
-            with self._recomputing_if_large(self.model, int(part.lengths.sum())):
+            with self._recomputing_if_large(self.model, _tokens_of(part)):
                 logp, entropy = self._trained(self.model, part, temperature=self.temperature, entropy=True,
                                               entropy_grad=bool(c.entropy_coef))  # else only a metric
                 m = part.mask.to(logp.device)
@@ -482,8 +497,8 @@ class MegatronActor:
         self.optimizer.zero_grad()
         total = torch.zeros((), device=self.device)  # on the device until the step ends
         for micro in self._my_micro_batches(step_batch):
-            part = step_batch.select(micro)
-            with self._recomputing_if_large(self.model, int(part.lengths.sum())):
+            part = self._part(step_batch, micro)
+            with self._recomputing_if_large(self.model, _tokens_of(part)):
                 logp, _ = self._trained(self.model, part, temperature=1.0)
                 loss = -aggregate(logp, part.mask.to(logp.device), c.loss_aggregation,
                                   denominator=denominator)
@@ -539,10 +554,26 @@ class MegatronActor:
         sets)."""
         mine = self._micro(batch)[self.dp_rank :: self.dp_size]
         if self.config.moe_aux_loss_coeff:
-            from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
-
-            MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(1.0 / max(len(mine), 1), device=self.device))
+            self._set_aux_loss_scale(1.0 / max(len(mine), 1))
+        if self.ep_size > 1:  # as many as every expert-parallel rank runs (see _IdleMicroBatch)
+            most = int(_ep_max(torch.tensor(len(mine), device=self.device)))
+            mine = mine + [_IdleMicroBatch(mine[0][:1] if mine else [0])] * (most - len(mine))
         return mine
+
+    def _set_aux_loss_scale(self, scale: float) -> None:
+        from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+        MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(scale, device=self.device))
+
+    def _part(self, step_batch: TrainBatch, micro: list[int]) -> TrainBatch:
+        """A micro-batch's rows; an idle one's (:class:`_IdleMicroBatch`) with nothing trained,
+        and with no load-balancing loss either."""
+        part = step_batch.select(micro)
+        if not isinstance(micro, _IdleMicroBatch):
+            return part
+        if self.config.moe_aux_loss_coeff:
+            self._set_aux_loss_scale(0.0)  # the last micro-batch: nothing runs after it
+        return dataclasses.replace(part, mask=torch.zeros_like(part.mask))
 
     def _micro(self, batch: TrainBatch) -> list[list[int]]:
         lengths = batch.lengths.tolist()
@@ -639,6 +670,7 @@ class MegatronActor:
             "step": self.step,
             "rng": torch.get_rng_state(),
             "extra": dict(extra or {}),
+            "expert_model_parallel_size": self.ep_size,
         }
         if self.critic is not None:
             critic_state = self.critic.sharded_state_dict(prefix="critic.")
@@ -646,6 +678,23 @@ class MegatronActor:
             state["critic_optimizer"] = self.critic_optimizer.sharded_state_dict(critic_state)
             state["critic_scheduler"] = self.critic_scheduler.state_dict()
         dist_checkpointing.save(state, str(directory))
+
+    def _check_expert_parallel_of(self, directory: str | Path) -> None:
+        """Refuses a checkpoint saved at another ``--expert-model-parallel-size``: megatron keeps
+        the experts' optimizer state in an optimizer of its own when the experts are split
+        (a chained optimizer), so the state's layout differs and cannot be resharded."""
+        from megatron.core import dist_checkpointing
+
+        try:
+            saved = dist_checkpointing.load_common_state_dict(str(directory)).get("expert_model_parallel_size", 1)
+        except Exception:  # noqa: BLE001 (an unreadable checkpoint is reported by the load itself)
+            return
+        if int(saved) != self.ep_size and hf_spec_of(unwrap_model(self.model)).is_moe:
+            raise ConfigError(
+                f"checkpoint {directory} was saved with --expert-model-parallel-size {saved}; this run "
+                f"has {self.ep_size}: the experts' optimizer state is laid out per expert-parallel "
+                f"size, so resume with --expert-model-parallel-size {saved}, or start a new run from "
+                f"its weights (agentrl export RUN --hf DIR, then --hf-checkpoint DIR)")
 
     def load_checkpoint(self, directory: str | Path) -> dict[str, Any]:
         """Restores what :meth:`save_checkpoint` saved; returns its ``extra``. The learning-rate
@@ -661,6 +710,7 @@ class MegatronActor:
         from megatron.core.dist_checkpointing.core import CheckpointingException
         from torch.distributed.checkpoint.api import CheckpointException
 
+        self._check_expert_parallel_of(directory)
         model_state = self.model.sharded_state_dict()
         template = {
             "model": model_state,
@@ -704,6 +754,42 @@ class MegatronActor:
         self.step = int(state["step"])
         torch.set_rng_state(state["rng"])
         return dict(state.get("extra", {}))
+
+
+def _tokens_of(part: TrainBatch) -> int:
+    """A micro-batch's tokens, from its samples (host data: no tensor is read for it)."""
+    return sum(max(len(s.tokens), 1) for s in part.samples)
+
+
+class _IdleMicroBatch(list):
+    """A micro-batch an expert-parallel rank runs only to keep in step with the others: each
+    MoE layer all-gathers every rank's tokens, so all ranks run as many micro-batches, each of
+    as many tokens. It repeats one of the rank's rows with nothing trained (see
+    ``MegatronActor._part``)."""
+
+
+def _ep_max(value: torch.Tensor) -> torch.Tensor:
+    """The largest ``value`` over this process's expert-parallel group."""
+    from megatron.core import parallel_state
+
+    value = value.clone()
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=parallel_state.get_expert_model_parallel_group())
+    return value
+
+
+def _padded_to(total: int, tokens: torch.Tensor, mask: torch.Tensor, lengths: list[int], pad_id: int
+               ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """A packed micro-batch grown to ``total`` tokens by one more row of padding (nothing
+    trained on it, attending only to itself), when it has fewer."""
+    extra = total - sum(lengths)
+    if extra <= 0:
+        return tokens, mask, lengths
+    width = max(tokens.shape[1], extra)
+    grown = torch.full((tokens.shape[0] + 1, width), pad_id, dtype=tokens.dtype)
+    grown[:-1, : tokens.shape[1]] = tokens
+    grown_mask = torch.zeros((mask.shape[0] + 1, width - 1), dtype=mask.dtype)
+    grown_mask[:-1, : mask.shape[1]] = mask
+    return grown, grown_mask, [*lengths, extra]
 
 
 def _apply_step(ddp: Any, optimizer: Any, scheduler: Any) -> float:

@@ -94,6 +94,9 @@ class TrainerConfig:
     swiglu: bool | None = option(None, "a SwiGLU MLP (the only one supported)")
     # parallelism and memory
     tensor_model_parallel_size: int = option(1, "tensor-parallel ranks")
+    expert_model_parallel_size: int = option(1, "expert-parallel ranks: each holds 1/N of every "
+                                             "mixture-of-experts layer's experts; N data-parallel "
+                                             "ranks share them (megatron's flag)")
     pipeline_model_parallel_size: int = option(1, "pipeline stages")
     sequence_parallel: bool = option(False, "sequence parallelism (GPU + Transformer Engine)")
     recompute_activations: bool | None = option(
@@ -232,6 +235,14 @@ class TrainerConfig:
                 raise ConfigError("--lora-rank does not work with --sequence-parallel; drop one")
         elif self.lora_lr is not None:
             raise ConfigError("--lora-lr has no effect without --lora-rank R (R >= 1)")
+        if self.expert_model_parallel_size > 1 and self.sequence_parallel:
+            raise ConfigError("--expert-model-parallel-size > 1 with --sequence-parallel: expert "
+                              "parallelism keeps packed micro-batches in step, and sequence "
+                              "parallelism does not pack; drop one")
+        if self.expert_model_parallel_size > 1 and self.advantage_estimator == "ppo":
+            raise ConfigError("--expert-model-parallel-size > 1 with --advantage-estimator ppo: the "
+                              "critic's steps are not kept in step across expert-parallel ranks; "
+                              "use grpo, gspo or reinforce_plus_plus, or drop the flag")
         if self.routing_replay and (self.recompute_activations or self.sequence_parallel):
             raise ConfigError("--routing-replay replays a packed forward once: it does not work with "
                               "--recompute-activations or --sequence-parallel; drop one")
@@ -250,6 +261,7 @@ class TrainerConfig:
         """Numeric flags outside the values that mean something (they would otherwise fail
         deep in the trainer: a division by zero, an index error, torch's own message)."""
         at_least_one = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                        "expert_model_parallel_size",
                         "micro_batch_size", "global_batch_size", "num_steps_per_rollout",
                         "max_tokens_per_gpu", "lr_decay_iters", "save_interval", "num_layers",
                         "hidden_size", "ffn_hidden_size", "num_attention_heads",

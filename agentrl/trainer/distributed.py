@@ -68,8 +68,10 @@ def _init_process_group(backend: str, timeout: datetime.timedelta) -> None:
         )
 
 
-def _validate_sizes(tp: int, pp: int, world_size: int) -> None:
+def _validate_sizes(tp: int, pp: int, world_size: int, ep: int = 1) -> None:
     """Checks the parallel sizes against the world size; errors name the flags."""
+    if ep < 1:
+        raise ConfigError(f"--expert-model-parallel-size must be >= 1, got {ep}")
     if tp < 1:
         raise ConfigError(f"--tensor-model-parallel-size must be >= 1, got {tp}")
     if pp < 1:
@@ -80,12 +82,19 @@ def _validate_sizes(tp: int, pp: int, world_size: int) -> None:
             f"{tp * pp} does not divide the world size ({world_size} processes); change one of "
             "them so the product divides the number of trainer processes"
         )
+    if world_size % (tp * pp * ep) != 0:
+        raise ConfigError(
+            f"--expert-model-parallel-size ({ep}) must divide the data-parallel ranks ({world_size} "
+            f"processes / ({tp} x {pp}) = {world_size // (tp * pp)}): the experts are split over "
+            "ranks that train other samples"
+        )
 
 
 def init_model_parallel(
     tp: int = 1,
     pp: int = 1,
     *,
+    ep: int = 1,
     backend: str | None = None,
     seed: int = 1234,
     timeout_s: float = 600.0,
@@ -97,6 +106,9 @@ def init_model_parallel(
     Args:
         tp: Tensor-parallel size (``--tensor-model-parallel-size``).
         pp: Pipeline-parallel size (``--pipeline-model-parallel-size``).
+        ep: Expert-parallel size (``--expert-model-parallel-size``): the experts of each
+            mixture-of-experts layer are split over ``ep`` data-parallel ranks (with the tensor
+            parallelism of the dense layers).
         backend: ``torch.distributed`` backend; defaults to ``nccl`` with CUDA, ``gloo``
             without. Ignored when a process group already exists.
         seed: Seed of the model-parallel RNG tracker (see
@@ -117,11 +129,12 @@ def init_model_parallel(
         current = (
             parallel_state.get_tensor_model_parallel_world_size(),
             parallel_state.get_pipeline_model_parallel_world_size(),
+            parallel_state.get_expert_model_parallel_world_size(),
         )
-        if current != (tp, pp):
+        if current != (tp, pp, ep):
             raise ConfigError(
-                f"model parallelism is already initialised with tensor/pipeline sizes "
-                f"{current}; asked for ({tp}, {pp}): call destroy_model_parallel() first"
+                f"model parallelism is already initialised with tensor/pipeline/expert sizes "
+                f"{current}; asked for ({tp}, {pp}, {ep}): call destroy_model_parallel() first"
             )
         return
     if backend is None:
@@ -130,12 +143,13 @@ def init_model_parallel(
     world_size = (
         dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
     )
-    _validate_sizes(tp, pp, world_size)
+    _validate_sizes(tp, pp, world_size, ep)
     if not dist.is_initialized():
         _init_process_group(backend, datetime.timedelta(seconds=timeout_s))
         _OWNS_PROCESS_GROUP = True
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        expert_model_parallel_size=ep,
     )
     model_parallel_manual_seed(seed)
 

@@ -54,6 +54,7 @@ __all__ = [
     "HFModelSpec",
     "build_gpt_model",
     "check_transformer_engine",
+    "expert_parallel",
     "hf_spec_of",
     "moe_fields",
     "padded_vocab_size",
@@ -76,6 +77,17 @@ def parallel_sizes() -> tuple[int, int]:
         parallel_state.get_tensor_model_parallel_world_size(),
         parallel_state.get_pipeline_model_parallel_world_size(),
     )
+
+
+def expert_parallel() -> tuple[int, int]:
+    """(rank, size) of this process in its expert-parallel group, (0, 1) before model
+    parallelism is initialised."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return 0, 1
+    return (parallel_state.get_expert_model_parallel_rank(),
+            parallel_state.get_expert_model_parallel_world_size())
 
 
 def transformer_config_from_hf(
@@ -144,6 +156,8 @@ def transformer_config_from_hf(
     aux_loss_coeff = float(overrides.pop("moe_aux_loss_coeff", 0.0))
     if spec.is_moe:
         fields.update(moe_fields(spec, aux_loss_coeff))
+        fields["expert_model_parallel_size"] = int(
+            overrides.pop("expert_model_parallel_size", expert_parallel()[1]))
     elif aux_loss_coeff:
         raise ConfigError(f"--moe-aux-loss-coeff {aux_loss_coeff:g} is for mixture-of-experts "
                           f"models; the checkpoint is a dense {spec.model_type} model")

@@ -26,7 +26,9 @@ Megatron (local spec)                          Hugging Face
 =============================================  ===============================================
 
 A mixture-of-experts layer (Qwen3-MoE) has a router and experts instead of the dense MLP; each
-expert is laid out and split like a dense MLP, and the router is whole on every rank. The
+expert is laid out and split like a dense MLP, and the router is whole on every rank. With
+expert parallelism a rank holds ``num_experts / N`` of them (``local_experts`` 0.. are its
+experts from ``rank * num_experts / N``), and the export gathers every rank's. The
 Hugging Face names are those of the checkpoint files (transformers 5 fuses the experts into
 ``mlp.experts.gate_up_proj`` in memory, and writes them per expert).
 
@@ -56,7 +58,7 @@ from agentrl.errors import AgentRLError, ConfigError
 from agentrl.models.experts import experts_one_by_one
 from agentrl.models.hf_config import read_safetensors
 from agentrl.trainer.config import LORA_TARGETS
-from agentrl.trainer.hf_convert import hf_spec_of, parallel_sizes, unwrap_model
+from agentrl.trainer.hf_convert import expert_parallel, hf_spec_of, parallel_sizes, unwrap_model
 from agentrl.trainer.hf_spec import (
     ARCHITECTURES,
     HFModelSpec,
@@ -136,19 +138,24 @@ _DENSE_MLP = ("mlp.linear_fc1.weight", "mlp.linear_fc2.weight")
 :func:`_expert_rules`."""
 
 
-def _expert_rules(spec: HFModelSpec) -> list[tuple[str, tuple[str, ...], str]]:
-    """A mixture-of-experts layer's MLP: the router (replicated over TP) and each expert, an MLP
-    laid out and split like a dense one (megatron's ``SequentialMLP``)."""
+def _expert_rules(spec: HFModelSpec, ep_rank: int = 0, ep_size: int = 1
+                  ) -> list[tuple[str, tuple[str, ...], str]]:
+    """A mixture-of-experts layer's MLP: the router (replicated over TP and EP) and this
+    expert-parallel rank's experts (``num_experts / ep_size`` of them, from expert
+    ``ep_rank * that``), each an MLP laid out and split like a dense one (megatron's
+    ``SequentialMLP``, whose ``local_experts`` count from 0 on every rank)."""
     rules = [("mlp.router.weight", ("mlp.gate.weight",), "replicated")]
-    for e in range(spec.num_experts):
-        local = f"mlp.experts.local_experts.{e}"
+    per_rank = spec.num_experts // ep_size
+    for j in range(per_rank):
+        e = ep_rank * per_rank + j
+        local = f"mlp.experts.local_experts.{j}"
         rules += [(f"{local}.linear_fc1.weight",
                    (f"mlp.experts.{e}.gate_proj.weight", f"mlp.experts.{e}.up_proj.weight"), "gated"),
                   (f"{local}.linear_fc2.weight", (f"mlp.experts.{e}.down_proj.weight",), "columns")]
     return rules
 
 
-def _layer_rules(spec: HFModelSpec, *, fused_norms: bool = False
+def _layer_rules(spec: HFModelSpec, *, fused_norms: bool = False, ep_rank: int = 0, ep_size: int = 1
                  ) -> list[tuple[str, tuple[str, ...], str]]:
     """The per-layer rules this architecture has; ``fused_norms``: with Transformer Engine's
     names for the pre-norms (a mixture-of-experts layer keeps its pre-MLP norm apart: there is
@@ -158,7 +165,7 @@ def _layer_rules(spec: HFModelSpec, *, fused_norms: bool = False
         names.pop("pre_mlp_layernorm.weight", None)
     rules = [(names.get(m, m), h, kind) for m, h, kind, flag in _LAYER_RULES
              if (flag is None or getattr(spec, flag)) and not (spec.is_moe and m in _DENSE_MLP)]
-    return rules + _expert_rules(spec) if spec.is_moe else rules
+    return rules + _expert_rules(spec, ep_rank, ep_size) if spec.is_moe else rules
 
 
 def _has_fused_norms(layer: Any) -> bool:
@@ -170,13 +177,15 @@ def _has_fused_norms(layer: Any) -> bool:
 def _rules(model: Any, spec: HFModelSpec) -> list[_Rule]:
     """The rules of every parameter this pipeline stage holds."""
     rules: list[_Rule] = []
+    ep_rank, ep_size = expert_parallel()
     if model.pre_process:
         rules.append(
             _Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab")
         )
     for j, layer in enumerate(model.decoder.layers):
         i = layer.layer_number - 1  # global index: layer_number counts from 1 across stages
-        for megatron, hf, kind in _layer_rules(spec, fused_norms=_has_fused_norms(layer)):
+        for megatron, hf, kind in _layer_rules(spec, fused_norms=_has_fused_norms(layer),
+                                               ep_rank=ep_rank, ep_size=ep_size):
             hf_names = tuple(f"model.layers.{i}.{name}" for name in hf)
             rules.append(_Rule(f"decoder.layers.{j}.{megatron}", hf_names, kind))
     if model.post_process:
@@ -366,13 +375,41 @@ def export_hf_state_dict(model: Any) -> dict[str, torch.Tensor]:
         raise ConfigError("exporting Hugging Face weights with --pipeline-model-parallel-size "
                           "> 1 is not supported")
     out: dict[str, torch.Tensor] = {}
+    ep_rank, ep_size = expert_parallel()
     for rule in _rules(model, spec):
         shards = _tp_shards(_exported(model, rule.megatron))
         if rule.megatron == "output_layer.weight" and spec.tie_word_embeddings:
             continue  # a stage copy of the embedding, already exported
         for name, tensor in zip(rule.hf, _merge(rule, shards, spec), strict=True):
-            out[name] = tensor.to("cpu").clone().contiguous()
+            if ep_size > 1 and ".local_experts." in rule.megatron:  # every rank's experts
+                per_rank = spec.num_experts // ep_size
+                for rank, theirs in enumerate(_ep_gathered(tensor)):
+                    out[_expert_renamed(name, rank * per_rank + _local_index(rule.megatron))] = theirs
+            else:
+                out[name] = tensor.to("cpu").clone().contiguous()
     return out
+
+
+def _local_index(megatron: str) -> int:
+    """The ``local_experts`` index in a Megatron parameter name."""
+    return int(megatron.split(".local_experts.")[1].split(".")[0])
+
+
+def _expert_renamed(hf_name: str, expert: int) -> str:
+    """``model.layers.N.mlp.experts.E.<proj>.weight`` with ``E`` replaced by ``expert``."""
+    head, _, tail = hf_name.partition(".mlp.experts.")
+    return f"{head}.mlp.experts.{expert}.{tail.split('.', 1)[1]}"
+
+
+def _ep_gathered(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """``tensor`` from every rank of this process's expert-parallel group, in rank order (the
+    same local expert of each rank: collective, every rank calls it in the same order)."""
+    from megatron.core import parallel_state
+
+    group = parallel_state.get_expert_model_parallel_group()
+    gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, tensor.contiguous(), group=group)
+    return [t.to("cpu").clone().contiguous() for t in gathered]
 
 
 def export_lora_state_dict(model: Any) -> dict[str, torch.Tensor]:

@@ -117,7 +117,11 @@ def check_model_flags(
 def _check_moe_flags(spec: HFModelSpec, args: Any) -> None:
     """What a mixture-of-experts checkpoint (or a dense one) rules out among the flags."""
     coeff = _arg(args, "moe_aux_loss_coeff")
+    ep = int(_arg(args, "expert_model_parallel_size") or 1)
     if not spec.is_moe:
+        if ep > 1:
+            raise ConfigError(f"--expert-model-parallel-size {ep} is for mixture-of-experts models; "
+                              f"the checkpoint is a dense {spec.model_type} model: drop the flag")
         if coeff:
             raise ConfigError(f"--moe-aux-loss-coeff {coeff:g} is for mixture-of-experts models; "
                               f"the checkpoint is a dense {spec.model_type} model: drop the flag")
@@ -125,6 +129,11 @@ def _check_moe_flags(spec: HFModelSpec, args: Any) -> None:
             raise ConfigError(f"--routing-replay is for mixture-of-experts models; the checkpoint "
                               f"is a dense {spec.model_type} model: drop the flag")
         return
+    if spec.num_experts % ep:
+        fits = [n for n in range(1, spec.num_experts + 1) if spec.num_experts % n == 0]
+        raise ConfigError(f"--expert-model-parallel-size {ep} must divide the checkpoint's "
+                          f"num_experts ({spec.num_experts}): each rank holds whole experts; this "
+                          f"model splits into {' or '.join(map(str, fits))}")
     tp = int(_arg(args, "tensor_model_parallel_size") or 1)
     if tp > 1 and not _arg(args, "sequence_parallel"):
         raise ConfigError(

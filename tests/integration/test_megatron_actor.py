@@ -469,6 +469,59 @@ def test_data_parallel_2_splits_the_batch_and_equals_1(samples, tmp_path):
         assert torch.allclose(got["sft_after"], sft_after, atol=1e-4)
 
 
+def _ep2_config() -> TrainerConfig:
+    # 3 rows a micro-batch: 8 rows make 3 micro-batches, 2 on rank 0 and 1 (and an idle one) on rank 1
+    return TrainerConfig(lr=1e-4, micro_batch_size=3, num_steps_per_rollout=2, global_batch_size=4)
+
+
+def _ep2_worker(rank: int, port: int, data: str, out: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    samples = [Sample.from_json(line) for line in Path(data).read_text().splitlines()]
+    config = dataclasses.replace(_ep2_config(), expert_model_parallel_size=2)
+    a = MegatronActor(config, hf_checkpoint=build_tiny_moe_model(), rollout_temperature=TEMPERATURE,
+                      total_steps=4)
+    assert (a.ep_size, a.dp_size) == (2, 2)
+    before = a.logprobs(samples)
+    metrics = a.train(samples)
+    a.save_checkpoint(Path(out) / "ep2-ckpt", extra={"rollout_id": 0})
+    resumed = MegatronActor(config, hf_checkpoint=build_tiny_moe_model(), rollout_temperature=TEMPERATURE,
+                            total_steps=4)
+    assert resumed.load_checkpoint(Path(out) / "ep2-ckpt") == {"rollout_id": 0}
+    torch.save({"before": before, "metrics": metrics, "after": a.logprobs(samples),
+                "resumed": resumed.logprobs(samples), "export": a.hf_state_dict()},
+               Path(out) / f"ep-rank{rank}.pt")
+
+
+def test_expert_parallel_2_splits_the_experts_and_equals_1(samples, tmp_path):
+    """Two ranks each hold half of every layer's experts and train half of each step's
+    micro-batches (one rank runs an idle one to keep in step: the experts all-gather every
+    rank's tokens); log-probs, the step's metrics, the weights after it and their export equal
+    one process holding every expert; its checkpoint resumes at EP=2, and is refused at another
+    size with the flag to use."""
+    data = tmp_path / "samples.jsonl"
+    data.write_text("".join(s.to_json() + "\n" for s in samples))
+    spawn(_ep2_worker, (free_port(), str(data), str(tmp_path)))
+    single = MegatronActor(_ep2_config(), hf_checkpoint=build_tiny_moe_model(),
+                           rollout_temperature=TEMPERATURE, total_steps=4)
+    before = single.logprobs(samples)
+    metrics = single.train(samples)
+    after, export = single.logprobs(samples), single.hf_state_dict()
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"ep-rank{rank}.pt")
+        assert torch.allclose(got["before"], before, atol=1e-5)
+        for key in ("loss", "pg_loss", "entropy", "grad_norm", "logprob_abs_diff"):
+            assert got["metrics"][key] == pytest.approx(metrics[key], abs=1e-5, rel=1e-4), key
+        assert torch.allclose(got["after"], after, atol=1e-4)
+        assert torch.allclose(got["resumed"], got["after"], atol=1e-6)  # resumed at EP=2
+        assert got["export"].keys() == export.keys()
+        for name in export:  # Adam turns a near-zero gradient into a whole step of lr, whose
+            # sign float rounding can flip (embeddings of unseen tokens): 2 steps x lr at most
+            assert float((got["export"][name] - export[name]).abs().max()) <= 2e-4, name
+    with pytest.raises(ConfigError, match=r"was saved with --expert-model-parallel-size 2; this run has 1"):
+        single.load_checkpoint(tmp_path / "ep2-ckpt")
+
+
 def test_trainer_logprobs_equal_those_the_gateway_recorded():
     """An openai-client agent through the gateway (3 turns, then a rewritten history: two
     segments, both trained with ``all``): the trainer's log-probs of every sampled token equal

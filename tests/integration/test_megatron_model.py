@@ -484,6 +484,11 @@ def test_moe_flags_refuse_what_megatron_or_the_export_cannot_do() -> None:
         with pytest.raises(ConfigError, match=r"LoRA on a mixture-of-experts model's expert projections"):
             check_model_flags(moe, {"lora_rank": 8, "lora_target_modules": targets})
     check_model_flags(moe, {"lora_rank": 8, "lora_target_modules": "q_proj,k_proj,v_proj,o_proj"})
+    with pytest.raises(ConfigError, match=r"--expert-model-parallel-size 3 must divide the checkpoint's "
+                                          r"num_experts \(4\): .* splits into 1 or 2 or 4"):
+        check_model_flags(moe, {"expert_model_parallel_size": 3})
+    with pytest.raises(ConfigError, match=r"--expert-model-parallel-size 2 is for mixture-of-experts"):
+        check_model_flags(dense, {"expert_model_parallel_size": 2})
     with pytest.raises(ConfigError, match=r"--moe-aux-loss-coeff 0.01 is for mixture-of-experts models; "
                                           r"the checkpoint is a dense qwen3 model"):
         check_model_flags(dense, {"moe_aux_loss_coeff": 0.01})
@@ -531,6 +536,10 @@ def test_init_model_parallel_validates_sizes(tp1: None) -> None:
         distributed._validate_sizes(2, 2, 6)
     with pytest.raises(ConfigError, match="--pipeline-model-parallel-size must be >= 1"):
         distributed._validate_sizes(1, 0, 1)
+    with pytest.raises(ConfigError, match=r"--expert-model-parallel-size \(4\) must divide the "
+                                          r"data-parallel ranks \(6 processes / \(1 x 1\) = 6\)"):
+        distributed._validate_sizes(1, 1, 6, ep=4)
+    distributed._validate_sizes(2, 1, 4, ep=2)  # 2 data-parallel ranks share the experts
 
 
 def test_fused_single_rank_path_equals_the_chunked_function():

@@ -412,3 +412,8 @@ def test_routing_replay_needs_a_mixture_of_experts_and_an_engine_that_reports_ro
     assert "only the embedded engine reports them" in err
     err = refused([*ENV, "--routing-replay", "--recompute-activations"], capsys)
     assert "it does not work with --recompute-activations or --sequence-parallel" in err
+
+
+def test_expert_parallelism_needs_as_many_data_parallel_ranks(capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused([*ENV, "--expert-model-parallel-size", "2"], capsys)
+    assert "--expert-model-parallel-size 2 must divide the trainer's data-parallel ranks" in err
