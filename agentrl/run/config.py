@@ -47,6 +47,9 @@ class RunConfig:
                                     "that folder; a folder an earlier run wrote metrics to is "
                                     "refused unless --load continues that run")
     save_trajectories: bool = option(True, "write each rollout's samples as JSONL")
+    save_atif: bool = option(False, "also write each rollout's episodes as ATIF trajectories "
+                             "(Harbor's trajectory format): one JSON file an episode under "
+                             "trajectories/atif/rollout_<id>/")
     max_failed_fraction: float | None = option(
         None, "stop the run when more than this share of a rollout's samples failed (an env, a "
         "tool plumbing or a plug-in crashed); default: only when every sample failed")
@@ -67,6 +70,9 @@ class RunConfig:
 
     def validate(self) -> None:
         """Raises ConfigError naming the first invalid flag and what to change."""
+        if self.save_atif and not self.save_trajectories:
+            raise ConfigError("--save-atif writes the episodes beside the trajectories: drop "
+                              "--no-save-trajectories")
         for name in ("num_rollout", "update_weights_interval", "eval_interval",
                      "dead_run_rollouts"):
             value = getattr(self, name)

@@ -28,11 +28,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from agentrl._version import __version__
 from agentrl.config import add_arguments, from_namespace, option
 from agentrl.env import ToolEnv
 from agentrl.errors import ConfigError
 from agentrl.eval.runner import EvalSet, eval_sets, evaluate_sets, write_episodes
 from agentrl.models.catalog import resolve_checkpoint
+from agentrl.records.atif import write_atif
 from agentrl.records.sample import Sample
 from agentrl.rollout.build import env_factory, policy_checkpoint, scripted_context
 from agentrl.rollout.config import RolloutConfig
@@ -74,6 +76,8 @@ class EvalConfig:
                         "or --eval-env set is given")
     output: str | None = option(None, "summary JSON path; the episodes go beside it as "
                                 "<stem>.episodes.jsonl")
+    save_atif: bool = option(False, "with --output: also write each episode as an ATIF "
+                             "trajectory (Harbor's trajectory format) in <stem>.atif/")
     base_url: str | None = option(None, "--policy openai: the server's API root, under which "
                                   "/chat/completions is, e.g. http://127.0.0.1:8000/v1")
     model: str | None = option(None, "--policy openai: the model name the server serves (its "
@@ -92,6 +96,8 @@ class EvalConfig:
         http(s), a ``--request-timeout`` that is not positive, a negative ``--max-retries``."""
         if self.policy not in POLICIES:
             raise ConfigError(f"--policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.save_atif and self.output is None:
+            raise ConfigError("--save-atif writes beside --output: give --output FILE.json")
         if self.policy == "openai":
             if not self.base_url:
                 raise ConfigError("--policy openai needs --base-url: the server's API root, "
@@ -262,8 +268,14 @@ def run_eval(namespace: argparse.Namespace) -> int:
         path = Path(evaluation.output)
         path.write_text(json.dumps(summary, indent=2) + "\n")
         episodes = path.with_name(path.stem + ".episodes.jsonl")
-        write_episodes(episodes, [g for set_groups in groups.values() for g in set_groups])
+        played = [g for set_groups in groups.values() for g in set_groups]
+        write_episodes(episodes, played)
         print(f"wrote {path} and {episodes}")
+        if evaluation.save_atif:
+            atif = path.with_name(path.stem + ".atif")
+            write_atif(atif, [s for group in played for s in group], agent_version=__version__,
+                       model_name=summary["policy"], session_id=path.stem)
+            print(f"wrote the episodes as ATIF trajectories in {atif}/")
         print(f"look at the episodes: agentrl view {path}")
     broken = [name for name, m in summary["sets"].items() if m["n_samples"] and m["failed"] == m["n_samples"]]
     if broken:

@@ -15,6 +15,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentrl._version import __version__
+from agentrl.records.atif import write_atif
 from agentrl.records.sample import Sample
 from agentrl.run.progress import RunProgress
 from agentrl.run.run_folder import LATEST, point_latest
@@ -68,8 +70,11 @@ class RunLog:
                  wandb_project: str = "agentrl", wandb_mode: str = "offline",
                  wandb_run_name: str | None = None,
                  wandb_config: dict[str, Any] | None = None,
-                 progress: RunProgress | None = None, gateway_segments: str = "last") -> None:
+                 progress: RunProgress | None = None, gateway_segments: str = "last",
+                 atif_model: str | None = None) -> None:
         self.dead_run_rollouts = dead_run_rollouts
+        self.atif_model = atif_model
+        """With ``--save-atif``: the policy's name in the ATIF documents (else none are written)."""
         self.gateway_segments = gateway_segments
         self.dropped_replies_explained = False
         self.progress = progress
@@ -114,7 +119,8 @@ class RunLog:
                   use_tensorboard=run.use_tensorboard, use_wandb=run.use_wandb,
                   wandb_project=run.wandb_project, wandb_mode=run.wandb_mode,
                   wandb_run_name=run.wandb_run_name, wandb_config=vars(args.namespace),
-                  progress=progress, gateway_segments=rollout.gateway_segments)
+                  progress=progress, gateway_segments=rollout.gateway_segments,
+                  atif_model=(rollout.hf_checkpoint or "the embedded default") if run.save_atif else None)
         if args.fresh_output_dir:  # a new dated folder: runs/latest names it from now on
             note = point_latest(run.output_dir)
             if note is not None:
@@ -256,6 +262,9 @@ class RunLog:
         with (self.trajectories / f"rollout_{rollout_id:05d}.jsonl").open("w") as f:
             for sample in samples:
                 f.write(sample.to_json() + "\n")
+        if self.atif_model is not None:
+            write_atif(self.trajectories / "atif" / f"rollout_{rollout_id:05d}", samples,
+                       agent_version=__version__, model_name=self.atif_model, session_id=self.root.name)
 
     def close(self) -> None:
         """Flushes and closes the TensorBoard / wandb writers; calling it again does nothing."""
