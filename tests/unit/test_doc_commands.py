@@ -68,6 +68,8 @@ def check(where: str, command: str) -> None:
         program, words = f"python -m {words[2]}", words[3:]
     elif program in ("python", ".venv/bin/python") and words[1] == "train.py":
         program, words = "train.py", words[2:]
+    elif program in ("python", ".venv/bin/python") and words[1].startswith("scripts/"):
+        program, words = words[1], words[2:]
     else:
         words = words[1:]
     if program == "train.py":
