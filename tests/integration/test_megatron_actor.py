@@ -515,9 +515,10 @@ def test_expert_parallel_2_splits_the_experts_and_equals_1(samples, tmp_path):
         assert torch.allclose(got["after"], after, atol=1e-4)
         assert torch.allclose(got["resumed"], got["after"], atol=1e-6)  # resumed at EP=2
         assert got["export"].keys() == export.keys()
-        for name in export:  # Adam turns a near-zero gradient into a whole step of lr, whose
-            # sign float rounding can flip (embeddings of unseen tokens): 2 steps x lr at most
-            assert float((got["export"][name] - export[name]).abs().max()) <= 2e-4, name
+        for name in export:  # Adam turns a near-zero gradient into a step of up to lr, whose
+            # sign float rounding can flip (embeddings of unseen tokens): two runs then part by
+            # up to 2 x lr a step, over 2 steps
+            assert float((got["export"][name] - export[name]).abs().max()) <= 4e-4, name
     with pytest.raises(ConfigError, match=r"was saved with --expert-model-parallel-size 2; this run has 1"):
         single.load_checkpoint(tmp_path / "ep2-ckpt")
 
