@@ -107,3 +107,12 @@ class AssistantTurn(gymnasium.Space):
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, AssistantTurn)
+
+
+def content_text(content: Any) -> str:
+    """A message's content as one string (text parts joined; ``None`` is ``""``)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(str(part.get("text", "")) for part in content)

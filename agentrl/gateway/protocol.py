@@ -26,6 +26,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agentrl.env.messages import content_text
+
 __all__ = [
     "MAX_N",
     "APIError",
@@ -287,15 +289,6 @@ def _check_message(message: Any, where: str) -> None:
             if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
                 raise _bad(f"{where}.tool_calls[{j}] must be {{\"type\": \"function\", "
                            "\"function\": {\"name\", \"arguments\"}}", param=where)
-
-
-def content_text(content: Any) -> str:
-    """A message's content as one string (text parts joined; ``None`` is ``""``)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(str(part.get("text", "")) for part in content)
 
 
 def _arguments(raw: Any) -> Any:

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentrl.env.messages import content_text
 from agentrl.records.sample import Sample
 
 __all__ = ["ATIF_VERSION", "atif_trajectory", "write_atif"]
@@ -45,7 +46,7 @@ def atif_trajectory(sample: Sample, *, agent_version: str, model_name: str | Non
     unanswered: list[str] = []  # the latest agent step's call ids not yet answered
     for message in sample.metadata.get("messages", []):
         role = message.get("role")
-        content = _text(message.get("content"))
+        content = content_text(message.get("content"))
         if role == "tool" and steps and steps[-1]["source"] == "agent":
             result: dict[str, Any] = {"content": content}
             if unanswered:
@@ -96,17 +97,6 @@ def write_atif(directory: str | Path, samples: Sequence[Sample], *, agent_versio
         path.write_text(json.dumps(document, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
         written.append(path)
     return written
-
-
-def _text(content: Any) -> str:
-    """A message's content as text (a list of parts joined)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, Sequence):
-        return "".join(p.get("text", "") if isinstance(p, Mapping) else str(p) for p in content)
-    return str(content)
 
 
 def _calls_of(message: Mapping[str, Any]) -> list[Any]:

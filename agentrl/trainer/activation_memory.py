@@ -17,6 +17,7 @@ x 576 wide is about 145 bytes; 160 keeps a margin.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 
@@ -37,14 +38,11 @@ def free_bytes(device: torch.device) -> int:
     ``MemAvailable`` (what Linux can give without swapping)."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    meminfo = Path("/proc/meminfo")
+    lines = meminfo.read_text().splitlines() if meminfo.is_file() else []
+    available = [int(line.split()[1]) * 1024 for line in lines if line.startswith("MemAvailable:")]
+    # without it (not Linux, or a kernel before 3.14): the free pages, which ignore the page cache
+    return available[0] if available else os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def too_large_to_keep(tokens: int, layers: int, hidden: int, dtype: torch.dtype,

@@ -60,6 +60,7 @@ __all__ = [
     "padded_vocab_size",
     "parallel_sizes",
     "read_hf_config",
+    "tensor_parallel",
     "transformer_config_from_hf",
     "unwrap_model",
     "vocab_parallel_entropy",
@@ -79,15 +80,25 @@ def parallel_sizes() -> tuple[int, int]:
     )
 
 
+def tensor_parallel() -> tuple[int, int]:
+    """(rank, size) of this process in its tensor-parallel group, (0, 1) before model
+    parallelism is initialised."""
+    return _rank_and_size("tensor")
+
+
 def expert_parallel() -> tuple[int, int]:
     """(rank, size) of this process in its expert-parallel group, (0, 1) before model
     parallelism is initialised."""
+    return _rank_and_size("expert")
+
+
+def _rank_and_size(kind: str) -> tuple[int, int]:
     from megatron.core import parallel_state
 
     if not parallel_state.model_parallel_is_initialized():
         return 0, 1
-    return (parallel_state.get_expert_model_parallel_rank(),
-            parallel_state.get_expert_model_parallel_world_size())
+    return (getattr(parallel_state, f"get_{kind}_model_parallel_rank")(),
+            getattr(parallel_state, f"get_{kind}_model_parallel_world_size")())
 
 
 def transformer_config_from_hf(

@@ -58,7 +58,13 @@ from agentrl.errors import AgentRLError, ConfigError
 from agentrl.models.experts import experts_one_by_one
 from agentrl.models.hf_config import read_safetensors
 from agentrl.trainer.config import LORA_TARGETS
-from agentrl.trainer.hf_convert import expert_parallel, hf_spec_of, parallel_sizes, unwrap_model
+from agentrl.trainer.hf_convert import (
+    expert_parallel,
+    hf_spec_of,
+    parallel_sizes,
+    tensor_parallel,
+    unwrap_model,
+)
 from agentrl.trainer.hf_spec import (
     ARCHITECTURES,
     HFModelSpec,
@@ -280,17 +286,6 @@ def read_hf_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return read_safetensors(root, WeightMappingError)
 
 
-def _tp_rank_and_size() -> tuple[int, int]:
-    from megatron.core import parallel_state
-
-    if not parallel_state.model_parallel_is_initialized():
-        return 0, 1
-    return (
-        parallel_state.get_tensor_model_parallel_rank(),
-        parallel_state.get_tensor_model_parallel_world_size(),
-    )
-
-
 def load_hf_weights(model: Any, source: str | Path | Mapping[str, torch.Tensor]) -> None:
     """Copies Hugging Face weights into this process's shards of a model, in place.
 
@@ -313,7 +308,7 @@ def load_hf_weights(model: Any, source: str | Path | Mapping[str, torch.Tensor])
     state = read_hf_state_dict(source) if isinstance(source, str | Path) else dict(source)
     if spec.is_moe:
         state = experts_one_by_one(state)
-    rank, tp = _tp_rank_and_size()
+    rank, tp = tensor_parallel()
     params = dict(model.named_parameters())
     padded_vocab = model.vocab_size
     rules = _rules(model, spec)
@@ -403,13 +398,11 @@ def _expert_renamed(hf_name: str, expert: int) -> str:
 
 def _ep_gathered(tensor: torch.Tensor) -> list[torch.Tensor]:
     """``tensor`` from every rank of this process's expert-parallel group, in rank order (the
-    same local expert of each rank: collective, every rank calls it in the same order)."""
+    same local expert of each rank), on the host."""
     from megatron.core import parallel_state
 
-    group = parallel_state.get_expert_model_parallel_group()
-    gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(gathered, tensor.contiguous(), group=group)
-    return [t.to("cpu").clone().contiguous() for t in gathered]
+    return [t.to("cpu").clone().contiguous()
+            for t in _gathered(tensor, parallel_state.get_expert_model_parallel_group())]
 
 
 def export_lora_state_dict(model: Any) -> dict[str, torch.Tensor]:
@@ -442,12 +435,17 @@ def _tp_shards(local: torch.Tensor) -> list[torch.Tensor]:
     """Every tensor-parallel rank's ``local``, in rank order (a collective; ``[local]`` at TP=1)."""
     from megatron.core import parallel_state
 
-    _, tp = _tp_rank_and_size()
-    if tp == 1:
+    if tensor_parallel()[1] == 1:
         return [local]
-    shards = [torch.empty_like(local) for _ in range(tp)]
-    dist.all_gather(shards, local.contiguous(), group=parallel_state.get_tensor_model_parallel_group())
-    return shards
+    return _gathered(local, parallel_state.get_tensor_model_parallel_group())
+
+
+def _gathered(local: torch.Tensor, group: Any) -> list[torch.Tensor]:
+    """Every rank's ``local`` over ``group``, in rank order (a collective: every rank of the
+    group calls it, in the same order)."""
+    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, local.contiguous(), group=group)
+    return gathered
 
 
 def _exported(model: Any, name: str) -> torch.Tensor:
