@@ -186,6 +186,8 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
       :meth:`compute_reward`'s score as a float (:func:`agentrl.env.as_reward`: a bool counts
       as 0/1; a value that is not a finite number raises :class:`~agentrl.errors.RewardError`
       naming the env); on all other steps it is ``0.0``.
+    * A multi-stage env (:meth:`next_stage`) goes on instead at the end of every stage but the
+      last: the observation then also holds the next stage's messages.
     * ``truncated=True``: the turn limit ``max_turns`` was reached with tools still being called.
       The episode is cut, not failed; its reward is ``0.0`` and it is *not* scored, so RL code
       can tell "ran out of turns" apart from "answered wrongly".
@@ -234,7 +236,7 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
     **Subclassing.** Set ``tools`` (or pass ``tools=``) and implement :meth:`make_prompt` and
     :meth:`compute_reward`; implement :meth:`sample_task` so ``reset()`` without a task works.
     Optional: :meth:`setup_episode` / :meth:`teardown_episode` (async, e.g. a sandbox),
-    :meth:`tool_context`. Constructors must be cheap: start resources in ``setup_episode``.
+    :meth:`tool_context`, :meth:`next_stage` (episodes of several stages). Constructors must be cheap: start resources in ``setup_episode``.
     Every hook may be sync or async.
 
     Args:
@@ -355,6 +357,24 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
                              f"{type(self).__name__}.compute_reward")
         finally:
             self.grading = False
+
+    def next_stage(self, final: Message) -> list[Message] | None:
+        """Whether a turn that ends the current stage also ends the episode.
+
+        Called when a turn would terminate the episode (the model answered without a tool call,
+        or a tool called :meth:`EpisodeState.finish`), before any grading. Return None (the
+        default) to end it: the step is terminated and :meth:`compute_reward` scores it. Return
+        messages (typically one ``user`` message: the next instruction) to go on with the same
+        episode instead: they follow the turn's tool results in the observation and the
+        transcript, :attr:`EpisodeState.finished` is cleared, the turn's reward is ``0.0``,
+        and the turn limit still counts every turn of every stage. A multi-stage env (a
+        multi-step Harbor task) grades the finished stage here and keeps the result in its
+        :class:`EpisodeState` for :meth:`compute_reward` to combine.
+
+        Args:
+            final: The turn's assistant message.
+        """
+        return None
 
     def public_task(self, task: Mapping[str, Any]) -> dict[str, Any]:
         """What the policy side may see of ``task``: its public fields (see
@@ -496,6 +516,12 @@ class ToolEnv(gymnasium.Env[list[Message], Action], metaclass=abc.ABCMeta):
         observation = [o.to_message() for o in outcomes]
         self.messages.extend(o.to_message() for o in outcomes)
         terminated = parse_error is None and (not calls or self.state.finished)
+        if terminated and (opening := await _maybe_await(self.next_stage(message))):
+            opening = [dict(m) for m in opening]
+            observation.extend(copy.deepcopy(opening))
+            self.messages.extend(opening)
+            self.state.finished, self.state.answer = False, None
+            terminated = False
         truncated = not terminated and self._turn >= self.max_turns
         reward = 0.0
         if terminated:

@@ -13,14 +13,22 @@ from typing import Any
 from agentrl import EpisodeState
 from agentrl.env import TaskFields, check_split
 from agentrl.env.sandboxed import SandboxedToolEnv
+from agentrl.errors import GradingError
 from agentrl.sandbox import WORKSPACE, Limits, Sandbox
 from agentrl.tools import Tool, Toolbox, ToolCall
 from agentrl.tools.mcp import McpServer
 from agentrl_envs.harbor.images import SEED_DIR, TaskImage, ensure_task_image
-from agentrl_envs.harbor.task import SHIPPED_TASKS, HarborTask, HarborTaskError, load_tasks
-from agentrl_envs.harbor.verifier import LOGS, SOLUTION, TESTS, fill, grade
+from agentrl_envs.harbor.task import (
+    SHIPPED_TASKS,
+    HarborStep,
+    HarborTask,
+    HarborTaskError,
+    load_tasks,
+)
+from agentrl_envs.harbor.verifier import LOGS, SOLUTION, TESTS, fill, grade, reopen
 from agentrl_envs.swe_tools.env import made_call
 from agentrl_tools import bash, editor, python, run_tests, search, submit
+from agentrl_tools.bash import SHELL_KEY
 
 SPLITS = ("train", "test")
 NETWORK_POLICIES = ("task", "offline", "public")
@@ -33,7 +41,11 @@ You are an agent completing a task in a Linux container (no network). Your worki
 is {workdir}; the root file system is read-only apart from it and /tmp. Tools:
 {tools}
 Do the task described by the user, check your work, then call submit. Your work is graded by \
-tests you cannot see, after you submit."""
+tests you cannot see, after you submit.{steps}"""
+
+STEPS_LINE = """ The task has {count} steps: once you submit a step, it is graded \
+and the next step's instruction follows; your files stay."""
+SETUP_TIMEOUT_S = 300.0
 
 _TOOL_LINES = {
     "bash": "- bash: run shell commands in a persistent shell.",
@@ -89,6 +101,20 @@ class HarborEnv(SandboxedToolEnv):
     :class:`~agentrl.errors.GradingError`: the episode fails with the reason instead of scoring
     0. ``state.grade`` keeps the exit code, output tail, duration, user, removed links and every
     reward entry. Episodes past ``[agent].timeout_sec`` are truncated.
+
+    **Multi-step tasks** (``[[steps]]``) are one episode in one sandbox, whose files carry over
+    from step to step. Before each step its ``workdir/`` is copied into the working directory
+    and its ``setup.sh`` runs there as the agent's uid (a failing ``setup.sh`` fails the
+    episode, naming the step). The first step's instruction is the prompt; when the agent
+    submits a step, that step is graded as above with its own tests (``/tests`` holds the root
+    ``tests/`` with the step's laid over it), then ``/tests`` and ``/logs/verifier`` are emptied
+    and the workspace goes back to the agent's uid, and the next step's instruction comes as a
+    user message (:meth:`~agentrl.env.ToolEnv.next_stage`). The episode ends after the last
+    step, or after a step whose rewards fall below its ``min_reward``. Its reward follows
+    ``multi_step_reward_strategy``: ``mean`` (per entry, over the steps graded) or ``final``;
+    ``state.grade`` holds ``strategy``, the combined ``rewards`` and ``steps``: each graded
+    step's name, reward and details, which a custom reward function can read from
+    ``sample.metadata["grade"]``. ``[agent].timeout_sec`` counts per step.
 
     Args:
         path: A Harbor task directory, or a folder of them (default: the tasks shipped with
@@ -232,32 +258,58 @@ class HarborEnv(SandboxedToolEnv):
         return {**options, **self.sandbox_options}
 
     async def prepare_sandbox(self, sandbox: Sandbox, task: Mapping[str, Any]) -> None:
-        """Copies the image's working directory into the workspace."""
+        """Copies the image's working directory into the workspace, then opens the first step."""
         result = await sandbox.exec(f"cp -R {SEED_DIR}/. {WORKSPACE}/", timeout=300)
         if result.exit_code != 0:
             raise HarborTaskError(f"Harbor task {task['id']}: cannot copy the working directory "
                                   f"into the workspace: {(result.stderr or result.stdout)[-500:]}")
+        await self._open_step(sandbox, self.harbor_task(task), 0)
+
+    async def _open_step(self, sandbox: Sandbox, harbor: HarborTask, index: int) -> None:
+        """Stages step ``index``: its ``workdir/`` is written into the workspace and its
+        ``setup.sh`` run there, as the agent's uid; its agent timeout starts."""
+        step = harbor.steps[index]
+        if step.workdir_dir is not None:
+            for file in sorted(p for p in step.workdir_dir.rglob("*") if p.is_file()):
+                await sandbox.write_file(file.relative_to(step.workdir_dir).as_posix(), file.read_bytes())
+        if step.has_setup:
+            result = await sandbox.exec(["bash", "setup.sh"], timeout=SETUP_TIMEOUT_S,
+                                        cwd=self._workdir(harbor))
+            if result.exit_code != 0:
+                raise HarborTaskError(
+                    f"Harbor task {harbor.name}: steps/{step.name}/workdir/setup.sh exited with "
+                    f"{result.exit_code}: {(result.stderr or result.stdout)[-500:]}")
+        self.state.data["harbor.step"] = index
         self.state.data["harbor.started"] = time.monotonic()
+
+    def _workdir(self, harbor: HarborTask) -> str:
+        """The container's working directory of ``harbor``'s episodes (the workspace)."""
+        workdir = self._images[harbor.name].workdir
+        return workdir if workdir != "/" else WORKSPACE
 
     def make_prompt(self, task: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The system message (working directory, tools) and ``instruction.md``."""
         workdir = self._images.get(task["id"])
         lines = "\n".join(_TOOL_LINES.get(name, f"- {name}") for name in self.toolbox.names)
+        harbor = self.harbor_task(task)
+        steps = STEPS_LINE.format(count=len(harbor.steps)) if harbor.multi_step else ""
         system = SYSTEM_PROMPT.format(
             workdir=workdir.workdir if workdir and workdir.workdir != "/" else WORKSPACE,
-            tools=lines)
+            tools=lines, steps=steps)
         return [{"role": "system", "content": system},
-                {"role": "user", "content": self.harbor_task(task).instruction}]
+                {"role": "user", "content": harbor.instruction}]
 
     async def astep(self, action: Any) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
-        """One turn; an episode still running past ``[agent].timeout_sec`` is truncated."""
+        """One turn; an episode still running past ``[agent].timeout_sec`` (of the current
+        step) is truncated."""
         task = self.harbor_task(self.state.task)
+        step = task.steps[self.state.data.get("harbor.step", 0)]
         started = self.state.data.get("harbor.started")
         observation, reward, terminated, truncated, info = await super().astep(action)
-        if (task.agent_timeout_s is not None and started is not None and not (terminated or truncated)
-                and time.monotonic() - started > task.agent_timeout_s):
+        if (step.agent_timeout_s is not None and started is not None and not (terminated or truncated)
+                and time.monotonic() - started > step.agent_timeout_s):
             truncated = True
-            info["truncated_by"] = f"agent timeout ({task.agent_timeout_s:g} s, task.toml [agent])"
+            info["truncated_by"] = f"agent timeout ({step.agent_timeout_s:g} s, task.toml [agent])"
             self._done = True
             await self._close_episode()
         return observation, reward, terminated, truncated, info
@@ -268,31 +320,105 @@ class HarborEnv(SandboxedToolEnv):
         self, task: Mapping[str, Any], final: Mapping[str, Any], state: EpisodeState
     ) -> float:
         """Grades the episode as Harbor does (see the class docstring); ``state.grade``
-        and ``self.last_grade`` keep the verifier's exit code, output tail and rewards."""
+        and ``self.last_grade`` keep the verifier's exit code, output tail and rewards (of
+        every step of a multi-step task, and how they combine)."""
         harbor = self.harbor_task(task)
-        sandbox = self.sandbox
-        assert sandbox is not None
-        reward, details = await grade(sandbox, harbor, self._images[harbor.name].workdir)
+        graded: list[dict[str, Any]] = state.data.setdefault("harbor.steps", [])
+        if len(graded) <= state.data.get("harbor.step", 0):
+            await self._grade_step(harbor, state)
+        if not harbor.multi_step:
+            details = dict(graded[0])
+            reward = details.pop("reward")
+            del details["step"]
+        else:
+            reward, rewards = combine_steps(harbor, graded)
+            details = {"strategy": harbor.reward_strategy, "rewards": rewards,
+                       "steps_total": len(harbor.steps), "steps": graded}
         state.grade = self.last_grade = details
         return reward
 
+    async def _grade_step(self, harbor: HarborTask, state: EpisodeState) -> dict[str, Any]:
+        """Grades the current step and keeps its result in ``state.data["harbor.steps"]``."""
+        sandbox = self.sandbox
+        assert sandbox is not None
+        step = harbor.steps[state.data.get("harbor.step", 0)]
+        reward, details = await grade(sandbox, harbor, step, self._images[harbor.name].workdir)
+        record = {"step": step.name, "reward": reward, **details}
+        state.data.setdefault("harbor.steps", []).append(record)
+        return record
+
+    async def next_stage(self, final: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+        """A multi-step task's step ends: it is graded, and unless it was the last step or
+        fell below its ``min_reward``, the next step opens and its instruction is returned as
+        a user message (see the class docstring)."""
+        state = self.state
+        assert state is not None and self.sandbox is not None
+        harbor = self.harbor_task(state.task)
+        if not harbor.multi_step:
+            return None
+        index = state.data.get("harbor.step", 0)
+        self.grading = True
+        try:
+            record = await self._grade_step(harbor, state)
+        finally:
+            self.grading = False
+        if index + 1 >= len(harbor.steps) or not harbor.steps[index].passes(record["rewards"]):
+            return None
+        await asyncio.to_thread(reopen, self.sandbox, (WORKSPACE, *self.sandbox.workspace_aliases))
+        state.data.pop(SHELL_KEY, None)  # grading stopped every process: the next call opens a shell
+        await self._open_step(self.sandbox, harbor, index + 1)
+        return [{"role": "user", "content": harbor.steps[index + 1].instruction}]
+
     def oracle_action(self, task: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> str:
-        """Mounts ``solution/`` at /solution and runs ``bash /solution/solve.sh`` (with
-        ``[solution].env``), then submits."""
+        """Mounts the current step's ``solution/`` at /solution and runs
+        ``bash /solution/solve.sh`` (with ``[solution].env``), then submits; on every step of
+        a multi-step task."""
         harbor = self.harbor_task(task)
-        if not harbor.has_solution:
-            raise HarborTaskError(f"Harbor task {harbor.path}: solution/solve.sh is missing, so "
-                                  "the task has no oracle")
+        step = self._current_step(harbor)
+        if not step.has_solution:
+            where = f"steps/{step.name}/solution/solve.sh" if step.name else "solution/solve.sh"
+            raise HarborTaskError(f"Harbor task {harbor.path}: {where} is missing, so the task "
+                                  "has no oracle")
         command = f"bash {SOLUTION}/solve.sh"
         if harbor.solution_env:
             variables = " ".join(f"{k}={shlex.quote(v)}" for k, v in harbor.solution_env.items())
             command = f"env {variables} {command}"
         call = ToolCall("bash", {"command": command, "timeout": 600})
-        if not made_call(history, call):
+        since_instruction = list(history)
+        for i in range(len(history) - 1, -1, -1):
+            if history[i].get("role") == "user":
+                since_instruction = list(history[i + 1:])
+                break
+        if not made_call(since_instruction, call):
             if self.sandbox is not None:
-                fill(self.sandbox.host_dir(SOLUTION), harbor.solution_dir)  # type: ignore[attr-defined]
+                fill(self.sandbox.host_dir(SOLUTION), step.solution_dir)  # type: ignore[attr-defined]
             return self.format.render("I will run the reference solution.", [call])
         return self.format.render("The solution ran.", [ToolCall("submit", {})])
+
+    def _current_step(self, harbor: HarborTask) -> HarborStep:
+        index = self.state.data.get("harbor.step", 0) if self.state is not None else 0
+        return harbor.steps[index]
+
+
+def combine_steps(task: HarborTask, graded: Sequence[Mapping[str, Any]]) -> tuple[float, dict[str, float]]:
+    """The episode's reward and entries from its graded steps (each ``{"reward", "rewards"}``),
+    by ``task.reward_strategy``: ``final`` takes the last step's; ``mean`` averages each entry
+    over the graded steps, a step without the entry counting 0 (as Harbor does).
+
+    Raises:
+        GradingError: The combined entries have no ``reward`` and more than one entry.
+    """
+    if task.reward_strategy == "final":
+        return float(graded[-1]["reward"]), dict(graded[-1]["rewards"])
+    keys = sorted({key for step in graded for key in step["rewards"]})
+    rewards = {key: sum(float(step["rewards"].get(key, 0)) for step in graded) / len(graded)
+               for key in keys}
+    if "reward" in rewards:
+        return rewards["reward"], rewards
+    if len(rewards) == 1:
+        return next(iter(rewards.values())), rewards
+    raise GradingError(f"Harbor task {task.name}: the steps' rewards {keys[:20]} have no entry "
+                       "named 'reward' to average into the episode's reward")
 
 
 def mcp_servers_of(task: HarborTask) -> tuple[McpServer, ...]:

@@ -8,10 +8,20 @@ A task directory holds::
     tests/test.sh          the verifier; writes /logs/verifier/reward.txt or reward.json
     solution/solve.sh      the oracle (optional)
 
+A multi-step task (``[[steps]]`` in task.toml) has a folder per step instead of the root
+``instruction.md``; each step's ``tests/`` is laid over the root ``tests/`` and its
+``solution/`` replaces the root one::
+
+    steps/<name>/instruction.md   the step's prompt
+    steps/<name>/tests/test.sh    the step's verifier (else the root tests/test.sh)
+    steps/<name>/solution/solve.sh
+    steps/<name>/workdir/         copied into the working directory before the step;
+                                  its setup.sh, if any, then runs there
+
 The ``harbor`` package itself needs Python >= 3.12, so this module reads the documented schema
 itself; ``tests/integration/test_harbor_schema.py`` loads every shipped task with Harbor's own
-``Task`` model as a cross-check. What agentrl cannot honour (multi-step tasks, docker-compose
-environments, a separate verifier image, Windows, GPUs) is refused with an error naming the task
+``Task`` model as a cross-check. What agentrl cannot honour (docker-compose environments, a
+separate verifier image, Windows, GPUs) is refused with an error naming the task
 and the field, never ignored.
 """
 
@@ -21,6 +31,7 @@ import dataclasses
 import math
 import re
 import tomllib
+import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -34,6 +45,9 @@ DEFAULT_SCHEMA = "1.4"
 NAME_PATTERN = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]*/[a-zA-Z0-9][a-zA-Z0-9._-]*$")
 NETWORK_MODES = ("no-network", "public", "allowlist")
 MCP_TRANSPORTS = ("stdio", "sse", "streamable-http")
+REWARD_STRATEGIES = ("mean", "final")
+_BAD_STEP_NAME = re.compile(r'[<>:"/\\|?*\x00-\x1f\x7f]')
+_DEVICE_NAME = re.compile(r"^(CON|PRN|AUX|NUL|CONIN\$|CONOUT\$|(?:COM|LPT)[1-9¹²³])$", re.IGNORECASE)
 _CANARY = re.compile(r"^(<!--.*canary.*-->|#.*canary.*)$", re.IGNORECASE)
 
 
@@ -57,6 +71,58 @@ class McpServerEntry:
 
 
 @dataclasses.dataclass(frozen=True)
+class HarborStep:
+    """One step of a task: what the agent is asked, what grades it, what the oracle runs.
+
+    A single-step task has one step, named ``""``, made of the root files and tables; a
+    multi-step task has one per ``[[steps]]`` entry, in order, each reading its own table
+    first and the task's ``[agent]`` / ``[verifier]`` for what it leaves out.
+
+    Attributes:
+        name: ``[[steps]].name`` (its folder under ``steps/``); ``""`` for a single-step task.
+        instruction: The step's ``instruction.md``, Harbor's leading canary lines removed.
+        tests_dirs: Copied into ``/tests`` in order, later files replacing earlier ones: the
+            root ``tests/``, then the step's own.
+        solution_dir: ``solution/`` of the step if it has one, else the root one.
+        workdir_dir: ``steps/<name>/workdir``: copied into the working directory before the
+            step (None: the step has none).
+        agent_timeout_s: ``[agent].timeout_sec`` of the step, else of the task (None: none).
+        verifier_timeout_s: ``[verifier].timeout_sec`` of the step (a step that leaves it out
+            gets Harbor's default, 600, not the task's: Harbor reads it so).
+        verifier_env: The task's ``[verifier].env``, updated with the step's.
+        min_reward: ``min_reward``: the remaining steps are skipped when the step's rewards fall
+            below it (a number gates the ``reward`` entry; a table gates each named entry,
+            a missing entry counting as below). None: never skipped.
+    """
+
+    name: str
+    instruction: str
+    tests_dirs: tuple[Path, ...]
+    solution_dir: Path
+    workdir_dir: Path | None
+    agent_timeout_s: float | None
+    verifier_timeout_s: float
+    verifier_env: Mapping[str, str]
+    min_reward: float | Mapping[str, float] | None = None
+
+    @property
+    def has_solution(self) -> bool:
+        return (self.solution_dir / "solve.sh").is_file()
+
+    @property
+    def has_setup(self) -> bool:
+        return self.workdir_dir is not None and (self.workdir_dir / "setup.sh").is_file()
+
+    def passes(self, rewards: Mapping[str, float]) -> bool:
+        """Whether ``rewards`` (the step's verifier's entries) meet :attr:`min_reward`."""
+        if self.min_reward is None:
+            return True
+        gates = ({"reward": self.min_reward} if isinstance(self.min_reward, (int, float))
+                 else self.min_reward)
+        return all(rewards.get(key, -math.inf) >= floor for key, floor in gates.items())
+
+
+@dataclasses.dataclass(frozen=True)
 class HarborTask:
     """One Harbor task, as read from its directory.
 
@@ -66,7 +132,8 @@ class HarborTask:
         version: ``[task].version``.
         schema_version: ``schema_version`` (``1.x``).
         description: ``[task].description``.
-        instruction: ``instruction.md`` with Harbor's leading canary lines removed.
+        instruction: The first step's instruction (``instruction.md`` of a single-step task,
+            with Harbor's leading canary lines removed).
         agent_timeout_s: ``[agent].timeout_sec``: the agent's wall-clock budget (None: none).
         verifier_timeout_s: ``[verifier].timeout_sec`` (Harbor's default 600).
         verifier_env: ``[verifier].env``: the environment of ``tests/test.sh``.
@@ -80,6 +147,11 @@ class HarborTask:
         solution_env: ``[solution].env``: variables of the oracle's ``solve.sh``.
         mcp_servers: ``[environment].mcp_servers``.
         metadata: ``[metadata]``.
+        steps: The steps, in order (one for a single-step task; see :class:`HarborStep`).
+        multi_step: Whether task.toml has ``[[steps]]``.
+        reward_strategy: ``multi_step_reward_strategy``: ``mean`` (Harbor's default: per
+            entry, the mean over the steps that were graded, an entry a step lacks counting 0)
+            or ``final`` (the last graded step's entries).
     """
 
     path: Path
@@ -103,6 +175,9 @@ class HarborTask:
     solution_env: Mapping[str, str]
     mcp_servers: tuple[McpServerEntry, ...]
     metadata: Mapping[str, Any]
+    steps: tuple[HarborStep, ...] = ()
+    multi_step: bool = False
+    reward_strategy: str = "mean"
 
     @property
     def environment_dir(self) -> Path:
@@ -118,7 +193,8 @@ class HarborTask:
 
     @property
     def has_solution(self) -> bool:
-        return (self.solution_dir / "solve.sh").is_file()
+        """Whether every step has a ``solve.sh`` (the task has an oracle)."""
+        return all(step.has_solution for step in self.steps)
 
     def row(self) -> dict[str, Any]:
         """The task as a JSON row for data sources and trajectories (``id`` is its name)."""
@@ -192,9 +268,13 @@ def load_task(task_dir: str | Path) -> HarborTask:
     if not isinstance(schema, str) or schema.split(".")[0] != SCHEMA_MAJOR:
         raise root.fail("schema_version", f"unknown schema version {schema!r}: agentrl reads "
                         f"Harbor task schema {SCHEMA_MAJOR}.x (e.g. {DEFAULT_SCHEMA!r})")
-    if data.get("steps"):
-        raise root.fail("steps", "multi-step tasks are not supported by agentrl; give the task "
-                        "one instruction.md and one tests/ folder")
+    raw_steps = data.get("steps")
+    if raw_steps is not None and not (isinstance(raw_steps, list)
+                                      and all(isinstance(t, dict) for t in raw_steps)):
+        raise root.fail("steps", "must be an array of tables ([[steps]])")
+    strategy = root.string("multi_step_reward_strategy", "mean")
+    if strategy not in REWARD_STRATEGIES:
+        raise root.fail("multi_step_reward_strategy", f"{strategy!r} is not one of {REWARD_STRATEGIES}")
 
     meta = root.sub("task")
     name = meta.string("name") if "task" in data else None
@@ -231,14 +311,18 @@ def load_task(task_dir: str | Path) -> HarborTask:
         if not (env_dir / "Dockerfile").is_file():
             raise HarborTaskError(f"Harbor task {path}: environment/Dockerfile is missing (or set "
                                   "[environment].docker_image to a local image)")
-    if not (path / "tests" / "test.sh").is_file():
-        raise HarborTaskError(f"Harbor task {path}: tests/test.sh is missing (the verifier)")
-    instruction_path = path / "instruction.md"
-    if not instruction_path.is_file():
-        raise HarborTaskError(f"Harbor task {path}: instruction.md is missing (the prompt)")
-    instruction = _strip_canary(instruction_path.read_text(encoding="utf-8")).strip()
-    if not instruction:
-        raise HarborTaskError(f"Harbor task {path}: instruction.md is empty")
+    whole_task = HarborStep(
+        name="", instruction="", tests_dirs=(path / "tests",), solution_dir=path / "solution",
+        workdir_dir=None, agent_timeout_s=agent.number("timeout_sec", None),
+        verifier_timeout_s=float(verifier.number("timeout_sec", 600.0)),
+        verifier_env=verifier.strings("env"))
+    if raw_steps:
+        steps = _steps(path, root, raw_steps, whole_task)
+    else:
+        if not (path / "tests" / "test.sh").is_file():
+            raise HarborTaskError(f"Harbor task {path}: tests/test.sh is missing (the verifier)")
+        instruction = _instruction(path / "instruction.md", path, "instruction.md")
+        steps = (dataclasses.replace(whole_task, instruction=instruction),)
 
     return HarborTask(
         path=path,
@@ -246,10 +330,10 @@ def load_task(task_dir: str | Path) -> HarborTask:
         version=meta.string("version"),
         schema_version=schema,
         description=meta.string("description", "") or "",
-        instruction=instruction,
-        agent_timeout_s=agent.number("timeout_sec", None),
-        verifier_timeout_s=float(verifier.number("timeout_sec", 600.0)),
-        verifier_env=verifier.strings("env"),
+        instruction=steps[0].instruction,
+        agent_timeout_s=whole_task.agent_timeout_s,
+        verifier_timeout_s=whole_task.verifier_timeout_s,
+        verifier_env=whole_task.verifier_env,
         build_timeout_s=float(environment.number("build_timeout_sec", 600.0)),
         docker_image=docker_image,
         cpus=environment.number("cpus", None),
@@ -262,7 +346,84 @@ def load_task(task_dir: str | Path) -> HarborTask:
         solution_env=root.sub("solution").strings("env"),
         mcp_servers=_mcp_servers(environment),
         metadata=dict(root.sub("metadata").table),
+        steps=steps,
+        multi_step=bool(raw_steps),
+        reward_strategy=strategy,
     )
+
+
+def _instruction(file: Path, task_dir: Path, shown: str) -> str:
+    """The prompt in ``file`` (shown in errors as ``shown``), Harbor's canary lines removed."""
+    if not file.is_file():
+        raise HarborTaskError(f"Harbor task {task_dir}: {shown} is missing (the prompt)")
+    text = _strip_canary(file.read_text(encoding="utf-8")).strip()
+    if not text:
+        raise HarborTaskError(f"Harbor task {task_dir}: {shown} is empty")
+    return text
+
+
+def _steps(path: Path, root: _Reader, tables: list[dict[str, Any]],
+           whole_task: HarborStep) -> tuple[HarborStep, ...]:
+    """The ``[[steps]]`` of the task at ``path``, each completed from ``whole_task`` (the
+    task-level timeouts, verifier variables, root tests and solution)."""
+    steps: list[HarborStep] = []
+    seen: dict[str, str] = {}
+    for i, table in enumerate(tables):
+        item = _Reader(path, table, f"steps[{i}]")
+        name = item.string("name")
+        if not name:
+            raise item.fail("name", "is required (the step's folder under steps/)")
+        if (not name.strip() or name in (".", "..") or name.endswith((".", " "))
+                or _BAD_STEP_NAME.search(name) or len(name.encode()) > 255
+                or _DEVICE_NAME.match(name.partition(".")[0].rstrip(" "))):
+            raise item.fail("name", f"{name!r} is not a portable directory name (no path "
+                            "separators, control or reserved characters, trailing dots or spaces)")
+        key = unicodedata.normalize("NFC", name).casefold()
+        if key in seen:
+            raise item.fail("name", f"{name!r} repeats step {seen[key]!r} (names are compared "
+                            "ignoring case)")
+        seen[key] = name
+        folder = path / "steps" / name
+        shown = f"steps/{name}"
+        if not folder.is_dir():
+            raise HarborTaskError(f"Harbor task {path}: {shown}/ is missing (the folder of step "
+                                  f"{name!r}: instruction.md, tests/, solution/, workdir/)")
+        tests = tuple(d for d in (path / "tests", folder / "tests") if d.is_dir())
+        if not any((d / "test.sh").is_file() for d in tests):
+            raise HarborTaskError(f"Harbor task {path}: {shown}/tests/test.sh is missing, and so "
+                                  "is tests/test.sh (the step's verifier)")
+        agent, verifier = item.sub("agent"), item.sub("verifier")
+        timeout = agent.number("timeout_sec", None)
+        steps.append(HarborStep(
+            name=name,
+            instruction=_instruction(folder / "instruction.md", path, f"{shown}/instruction.md"),
+            tests_dirs=tests,
+            solution_dir=folder / "solution" if (folder / "solution").is_dir() else whole_task.solution_dir,
+            workdir_dir=folder / "workdir" if (folder / "workdir").is_dir() else None,
+            agent_timeout_s=timeout if timeout is not None else whole_task.agent_timeout_s,
+            # Harbor reads a step's verifier timeout from the step's table alone (default 600)
+            verifier_timeout_s=float(verifier.number("timeout_sec", 600.0)),
+            verifier_env={**whole_task.verifier_env, **verifier.strings("env")},
+            min_reward=_min_reward(item),
+        ))
+    return tuple(steps)
+
+
+def _min_reward(step: _Reader) -> float | dict[str, float] | None:
+    value = step.table.get("min_reward")
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        if not value or not all(isinstance(k, str) and _is_number(v) for k, v in value.items()):
+            raise step.fail("min_reward", "must be a number or a table of reward name = number")
+        return {k: float(v) for k, v in value.items()}
+    if not _is_number(value):
+        raise step.fail("min_reward", f"must be a number or a table of numbers, not {value!r}")
+    return float(value)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _mcp_servers(environment: _Reader) -> tuple[McpServerEntry, ...]:

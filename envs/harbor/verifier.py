@@ -21,7 +21,7 @@ from typing import Any
 
 from agentrl.errors import GradingError
 from agentrl.sandbox import WORKSPACE
-from agentrl_envs.harbor.task import HarborTask
+from agentrl_envs.harbor.task import HarborStep, HarborTask
 
 TESTS, LOGS, SOLUTION = "/tests", "/logs/verifier", "/solution"
 GRADER_DIRS = (TESTS, LOGS, SOLUTION)
@@ -34,9 +34,11 @@ PROC_SELF = ("self", "thread-self")
 OPEN_FILE_LINKS = ("/dev/stdin", "/dev/stdout", "/dev/stderr")
 
 
-async def grade(sandbox: Any, task: HarborTask, workdir: str) -> tuple[float, dict[str, Any]]:
-    """Runs ``task``'s verifier in ``sandbox`` (a DockerSandbox with HarborEnv's private dirs)
-    and returns (reward, details), as the class docstring of :class:`HarborEnv` describes.
+async def grade(sandbox: Any, task: HarborTask, step: HarborStep,
+                workdir: str) -> tuple[float, dict[str, Any]]:
+    """Runs the verifier of ``task``'s ``step`` in ``sandbox`` (a DockerSandbox with
+    HarborEnv's private dirs) and returns (reward, details), as the class docstring of
+    :class:`HarborEnv` describes.
 
     Raises:
         GradingError: The verifier timed out or wrote no valid reward file.
@@ -45,33 +47,33 @@ async def grade(sandbox: Any, task: HarborTask, workdir: str) -> tuple[float, di
     cwd = workdir if workdir != "/" else WORKSPACE
     mounts = (WORKSPACE, *sandbox.workspace_aliases)
     as_root = os.geteuid() == 0  # only then can the agent's files be given to root
-    removed = await asyncio.to_thread(_hand_over, sandbox, task, cwd, mounts, as_root)
+    removed = await asyncio.to_thread(_hand_over, sandbox, step, cwd, mounts, as_root)
     as_user = {"user": "root"} if as_root else {}
-    result = await sandbox.exec(["bash", f"{TESTS}/test.sh"], timeout=task.verifier_timeout_s,
-                                env=verifier_environment(task, mounts), cwd=cwd, **as_user)
+    result = await sandbox.exec(["bash", f"{TESTS}/test.sh"], timeout=step.verifier_timeout_s,
+                                env=verifier_environment(step, mounts), cwd=cwd, **as_user)
     tail = (result.stdout + result.stderr)[-OUTPUT_TAIL:]
     details: dict[str, Any] = {"exit_code": result.exit_code, "output_tail": tail,
                                "seconds": round(result.duration_s, 3),
                                "user": "root" if as_root else str(sandbox.uid),
                                "removed_links": removed}
-    where = f"Harbor task {task.name}: tests/test.sh"
+    where = f"Harbor task {task.name}: " + (f"step {step.name!r}: " if step.name else "") + "tests/test.sh"
     if result.timed_out:
-        raise GradingError(f"{where} did not finish within {task.verifier_timeout_s:g} s "
+        raise GradingError(f"{where} did not finish within {step.verifier_timeout_s:g} s "
                            "(task.toml [verifier].timeout_sec); its output ends with: " + tail[-500:])
     reward, rewards = read_reward(sandbox.host_dir(LOGS), where, result.exit_code, tail)
     details["rewards"] = rewards
     return reward, details
 
 
-def verifier_environment(task: HarborTask, mounts: Sequence[str] = (WORKSPACE,)) -> dict[str, str]:
+def verifier_environment(step: HarborStep, mounts: Sequence[str] = (WORKSPACE,)) -> dict[str, str]:
     """The variables of ``bash /tests/test.sh`` on top of the image's own: ``HOME`` (``/root``),
     ``PATH`` (the system directories), ``PYTHONNOUSERSITE=1``, ``LANG`` and ``TMPDIR``, then
-    the task's ``[verifier].env``. A directory under one of ``mounts`` (where the agent's
+    the step's ``[verifier].env``. A directory under one of ``mounts`` (where the agent's
     workspace is mounted) is never among them."""
     home = VERIFIER_HOME if not _within_any(VERIFIER_HOME, mounts) else "/nonexistent"
     path = ":".join(d for d in VERIFIER_PATH.split(":") if not _within_any(d, mounts))
     return {"HOME": home, "PATH": path, "PYTHONNOUSERSITE": "1", "LANG": "C.UTF-8",
-            "TMPDIR": "/tmp", **task.verifier_env}
+            "TMPDIR": "/tmp", **step.verifier_env}
 
 
 def read_reward(logs: str, where: str, exit_code: int | None,
@@ -166,14 +168,14 @@ def _reward_text(path: str, where: str) -> str:
         raise GradingError(f"{where} wrote {name} that is not UTF-8: {exc}") from exc
 
 
-def _hand_over(sandbox: Any, task: HarborTask, cwd: str, mounts: Sequence[str],
+def _hand_over(sandbox: Any, step: HarborStep, cwd: str, mounts: Sequence[str],
                as_root: bool) -> list[str]:
     """Readies the sandbox for the verifier once nothing of the agent runs any more: copies the
-    tests in, empties the log directory, removes the workspace's symbolic links that lead into
+    step's tests in, empties the log directory, removes the workspace's symbolic links that lead into
     the grader's directories (see :func:`_leads_to_grader`), and gives every file of the
     workspace to root when ``as_root`` (else the log directory to the sandbox's uid, which then
     runs the verifier). Returns the removed links, as paths under ``cwd``."""
-    fill(sandbox.host_dir(TESTS), task.tests_dir)
+    fill(sandbox.host_dir(TESTS), *step.tests_dirs)
     logs = sandbox.host_dir(LOGS)
     _empty(logs)
     removed = _clean_workspace(sandbox.workspace, mounts, cwd, owner=0 if as_root else None)
@@ -282,11 +284,23 @@ def _within_any(path: str, directories: Sequence[str]) -> bool:
     return any(_within(path, d) for d in directories)
 
 
-def fill(host_dir: str, source: Path) -> None:
-    """Replaces ``host_dir``'s contents with a copy of ``source``."""
+def fill(host_dir: str, *sources: Path) -> None:
+    """Replaces ``host_dir``'s contents with a copy of ``sources``, in order (a later source's
+    files replace an earlier one's)."""
     _empty(host_dir)
-    if source.is_dir():
-        shutil.copytree(source, host_dir, dirs_exist_ok=True, symlinks=False)
+    for source in sources:
+        if source.is_dir():
+            shutil.copytree(source, host_dir, dirs_exist_ok=True, symlinks=False)
+
+
+def reopen(sandbox: Any, mounts: Sequence[str]) -> None:
+    """Readies a graded sandbox for the agent's next step: the tests and the verifier's logs
+    are removed (the agent never sees them), and when agentrl runs as root the workspace's
+    files, given to root for grading, go back to the sandbox's uid."""
+    for directory in (TESTS, LOGS):
+        _empty(sandbox.host_dir(directory))
+    if os.geteuid() == 0:
+        _clean_workspace(sandbox.workspace, mounts, "/", owner=sandbox.uid)
 
 
 def _empty(host_dir: str) -> None:

@@ -267,3 +267,109 @@ def test_a_tasks_mcp_servers_run_in_its_container(tasks: Path) -> None:
     assert outputs[1] == "1\n2\n39\n"
     assert outputs[2].startswith("Error (schema_violation)")  # validated before any call
     assert other_tools == ["bash", "editor", "search", "submit"]
+
+
+STEPS_TOML = """\
+schema_version = "1.4"
+multi_step_reward_strategy = "{strategy}"
+[task]
+name = "test/{name}"
+[environment]
+network_mode = "no-network"
+[[steps]]
+name = "one"
+min_reward = 1.0
+[[steps]]
+name = "two"
+"""
+# Each step's verifier compares a file with the step's own expected file and leaves a marker
+# of itself in /tests, to show that the next step's agent cannot see either.
+STEP_TEST_SH = """\
+if cmp -s /app/$(cat /tests/target) /tests/expected.txt; then echo 1 > /logs/verifier/reward.txt
+else echo 0 > /logs/verifier/reward.txt; fi
+"""
+
+
+def write_steps_task(root: Path, name: str, strategy: str = "mean") -> Path:
+    task = root / name
+    files = {
+        "task.toml": STEPS_TOML.format(name=name, strategy=strategy),
+        "environment/Dockerfile": f"FROM {BASE}\nWORKDIR /app\nCOPY numbers.txt /app/\n",
+        "environment/numbers.txt": "1\n2\n39\n",
+        "tests/test.sh": STEP_TEST_SH,
+        "steps/one/instruction.md": "Write the sum of /app/numbers.txt to /app/sum.txt.\n",
+        "steps/one/tests/target": "sum.txt", "steps/one/tests/expected.txt": "42\n",
+        "steps/one/solution/solve.sh": "cd /app && awk '{s += $1} END {print s}' numbers.txt > sum.txt\n",
+        "steps/two/instruction.md": "Write twice the number in /app/sum.txt to /app/double.txt.\n",
+        "steps/two/workdir/setup.sh": "echo staged > note.txt\n",
+        "steps/two/workdir/data/extra.txt": "from step two\n",
+        "steps/two/tests/target": "double.txt", "steps/two/tests/expected.txt": "84\n",
+        "steps/two/solution/solve.sh": "cd /app && echo $(( $(cat sum.txt) * 2 )) > double.txt\n",
+    }
+    for rel, text in files.items():
+        (task / rel).parent.mkdir(parents=True, exist_ok=True)
+        (task / rel).write_text(text)
+    return task
+
+
+def play_steps(env: HarborEnv, actions: list[dict[str, Any]]) -> tuple[float, list[list[dict[str, Any]]]]:
+    """Plays ``actions``; returns (reward, each step's observation)."""
+    async def run() -> tuple[float, list[list[dict[str, Any]]]]:
+        await env.areset(options={"task": env.task_set()[0]})
+        observations = []
+        for action in actions:
+            observation, reward, terminated, truncated, _ = await env.astep(action)
+            observations.append(observation)
+            if terminated or truncated:
+                return reward, observations
+        raise AssertionError("the episode did not end")
+    return asyncio.run(run())
+
+
+def test_a_multi_step_task_goes_on_after_each_submit_in_one_sandbox(tasks: Path) -> None:
+    env = HarborEnv(path=write_steps_task(tasks, "steps"))
+    try:
+        reward, observations = play_steps(env, [
+            bash("cd /app && echo 42 > sum.txt && chmod 600 sum.txt"), SUBMIT,
+            # step two: the files stay (and are the agent's again after grading), the step's
+            # workdir was copied in and its setup.sh ran; the graded step's tests are gone
+            bash("cd /app && ls -A /tests /logs/verifier; cat note.txt data/extra.txt; "
+                 "echo 84 > double.txt && cat sum.txt && stat -c %u sum.txt"), SUBMIT])
+        assert reward == 1.0
+        assert observations[1][-1] == {"role": "user", "content": "Write twice the number in /app/sum.txt "
+                                       "to /app/double.txt."}
+        second = observations[2][0]["content"]
+        assert "staged" in second and "from step two" in second and "42\n65534" in second
+        assert "target" not in second and "expected" not in second and "reward" not in second
+        grade = env.last_grade
+        assert [(s["step"], s["reward"]) for s in grade["steps"]] == [("one", 1.0), ("two", 1.0)]
+        assert (grade["strategy"], grade["rewards"], grade["steps_total"]) == ("mean", {"reward": 1.0}, 2)
+
+        # a step below its min_reward ends the episode; mean counts only the graded steps
+        reward, observations = play_steps(env, [SUBMIT])
+        assert reward == 0.0 and [s["step"] for s in env.last_grade["steps"]] == ["one"]
+
+        # the oracle plays every step
+        task = env.task_set()[0]
+
+        async def oracle() -> float:
+            await env.areset(options={"task": task})
+            while True:
+                _, reward, terminated, truncated, _ = await env.astep(env.oracle_action(task, env.messages))
+                if terminated or truncated:
+                    return reward
+        assert asyncio.run(oracle()) == 1.0
+        assert [s["reward"] for s in env.last_grade["steps"]] == [1.0, 1.0]
+    finally:
+        env.close()
+
+
+def test_multi_step_final_strategy_takes_the_last_step(tasks: Path) -> None:
+    env = HarborEnv(path=write_steps_task(tasks, "steps-final", strategy="final"))
+    try:
+        reward, _ = play_steps(env, [bash("echo 42 > /app/sum.txt"), SUBMIT,
+                                     bash("echo 85 > /app/double.txt"), SUBMIT])
+        assert reward == 0.0 and env.last_grade["rewards"] == {"reward": 0.0}
+        assert [s["reward"] for s in env.last_grade["steps"]] == [1.0, 0.0]
+    finally:
+        env.close()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agentrl_envs.harbor import SHIPPED_TASKS, load_task
-from tests.unit.test_harbor_task import make_task
+from tests.unit.test_harbor_task import MULTI_STEP, make_task
 
 REPO = Path(__file__).resolve().parents[2]
 HARBOR_PYTHON = REPO / ".venv-harbor" / "bin" / "python"
@@ -31,13 +31,21 @@ for path in sys.argv[1:]:
     e = c.environment
     out[path] = {
         "name": task.name, "version": c.task.version if c.task else None,
-        "schema_version": c.schema_version, "instruction": task.instruction.strip(),
+        "schema_version": c.schema_version,
+        "instruction": (task.step_instruction(c.steps[0].name) if c.steps else task.instruction).strip(),
         "agent_timeout_s": c.agent.timeout_sec, "verifier_timeout_s": c.verifier.timeout_sec,
         "verifier_env": c.verifier.env, "build_timeout_s": e.build_timeout_sec,
         "docker_image": e.docker_image, "cpus": e.cpus, "memory_mb": e.memory_mb,
         "storage_mb": e.storage_mb, "network_mode": e.network_mode.value, "workdir": e.workdir,
         "env": e.env, "solution_env": c.solution.env,
         "mcp_servers": [[m.name, m.transport, m.url, m.command, m.args] for m in e.mcp_servers],
+        "multi_step": bool(c.steps),
+        "reward_strategy": (c.multi_step_reward_strategy or "mean") if c.steps else "mean",
+        # a step's effective settings, as Harbor's multi-step trial resolves them
+        "steps": [[s.name, task.step_instruction(s.name).strip(),
+                   s.agent.timeout_sec if s.agent.timeout_sec is not None else c.agent.timeout_sec,
+                   s.verifier.timeout_sec, {**c.verifier.env, **s.verifier.env}, s.min_reward]
+                  for s in c.steps or []],
     }
 print(json.dumps(out))
 """
@@ -49,17 +57,25 @@ def ours(path: Path) -> dict:
         "name", "version", "schema_version", "instruction", "agent_timeout_s", "verifier_timeout_s",
         "build_timeout_s", "docker_image", "cpus", "memory_mb", "storage_mb", "network_mode", "workdir")}
     fields.update(verifier_env=dict(task.verifier_env), env=dict(task.env), solution_env=dict(task.solution_env),
-                  mcp_servers=[[m.name, m.transport, m.url, m.command, list(m.args)] for m in task.mcp_servers])
+                  mcp_servers=[[m.name, m.transport, m.url, m.command, list(m.args)] for m in task.mcp_servers],
+                  multi_step=task.multi_step, reward_strategy=task.reward_strategy,
+                  steps=[[s.name, s.instruction, s.agent_timeout_s, s.verifier_timeout_s, dict(s.verifier_env),
+                          dict(s.min_reward) if isinstance(s.min_reward, dict) else s.min_reward]
+                         for s in task.steps] if task.multi_step else [])
     return fields
 
 
 def test_harbor_loads_every_task_and_reads_it_as_agentrl_does(tmp_path: Path) -> None:
     paths = sorted(str(p) for p in SHIPPED_TASKS.iterdir() if (p / "task.toml").is_file())
     paths.append(str(make_task(tmp_path).resolve()))  # every field agentrl reads
+    paths.append(str(make_task(tmp_path, MULTI_STEP, name="steps", files={  # and of steps
+        "instruction.md": None, "steps/first/instruction.md": "<!-- canary -->\nDo one.\n",
+        "steps/first/tests/test.sh": "exit 0\n", "steps/second/instruction.md": "Do two.\n",
+    }).resolve()))
     done = subprocess.run([str(HARBOR_PYTHON), "-c", DUMP, *paths], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "HARBOR_TELEMETRY": "0"})
     assert done.returncode == 0, done.stderr[-3000:]
     theirs = json.loads(done.stdout)
-    assert len(theirs) == len(paths) >= 13
+    assert len(theirs) == len(paths) >= 15
     for path in paths:
         assert ours(Path(path)) == theirs[path], path

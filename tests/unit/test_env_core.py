@@ -347,3 +347,42 @@ def test_step_timings_are_frozen():
     timings = StepTimings(0.1, 0.2, 0.3)
     with pytest.raises(dataclasses.FrozenInstanceError):
         timings.parse_s = 1.0  # type: ignore[misc]
+
+
+class TwoStageEnv(EchoEnv):
+    """Say the target, then say it doubled: ``next_stage`` opens the second stage."""
+
+    default_max_turns = 4
+
+    def next_stage(self, final):
+        stages = self.state.data.setdefault("answers", [])
+        stages.append(self.state.answer)
+        if len(stages) == 1:
+            return [{"role": "user", "content": f"Now say {2 * self.state.task['target']}"}]
+        return None
+
+    def compute_reward(self, task, final, state):
+        return float(state.data["answers"] == [str(task["target"]), str(2 * task["target"])])
+
+
+def test_next_stage_goes_on_in_the_same_episode():
+    env = TwoStageEnv()
+    env.reset(options={"task": {"target": 4}})
+    obs, reward, terminated, truncated, _ = env.step(call("submit", answer="4"))
+    assert (reward, terminated, truncated) == (0.0, False, False)
+    assert obs == [{"role": "tool", "name": "submit", "content": "submitted"},
+                   {"role": "user", "content": "Now say 8"}]
+    assert env.messages[-1] == obs[-1] and not env.state.finished and env.state.answer is None
+    obs[-1]["content"] = "changed"  # the caller's copy, not the transcript
+    assert env.messages[-1]["content"] == "Now say 8"
+    obs, reward, terminated, truncated, _ = env.step(call("submit", answer="8"))
+    assert (obs, reward, terminated, truncated) == ([{"role": "tool", "name": "submit", "content": "submitted"}],
+                                                    1.0, True, False)
+
+
+def test_the_turn_limit_counts_every_stage():
+    env = TwoStageEnv(max_turns=2)
+    env.reset(options={"task": {"target": 4}})
+    env.step(call("submit", answer="4"))
+    _, reward, terminated, truncated, _ = env.step(call("add", a=1, b=2))
+    assert (reward, terminated, truncated) == (0.0, False, True)

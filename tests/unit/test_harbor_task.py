@@ -3,6 +3,7 @@ naming the task, the file and the field. Reward files: tests/unit/test_harbor_re
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -99,7 +100,17 @@ def test_defaults_follow_harbor(tmp_path: Path) -> None:
     ('[verifier]\nenvironment_mode = "separate"\n', {}, "verifier.environment_mode: a separate verifier"),
     ('[environment]\nos = "Windows"\n', {}, "environment.os: Windows tasks are not supported"),
     ("[environment]\ngpus = 1\n", {}, "environment.gpus: GPU tasks are not supported"),
-    ("[[steps]]\nname = \"one\"\n", {}, "task.toml: steps: multi-step tasks are not supported"),
+    ("[[steps]]\nname = \"one\"\n", {}, "steps/one/ is missing"),
+    ('[[steps]]\nname = "one"\n', {"steps/one/tests/x": ""}, "steps/one/instruction.md is missing"),
+    ('[[steps]]\nname = "a/b"\n', {}, "task.toml: steps[0].name: 'a/b' is not a portable directory name"),
+    ('[[steps]]\nname = "One"\n[[steps]]\nname = "one"\n', {"steps/One/instruction.md": "x"},
+     "steps[1].name: 'one' repeats step 'One'"),
+    ('[[steps]]\nname = "one"\nmin_reward = "high"\n', {"steps/one/instruction.md": "x"},
+     "steps[0].min_reward: must be a number or a table of numbers"),
+    ('multi_step_reward_strategy = "max"\n', {}, "multi_step_reward_strategy: 'max' is not one of"),
+    ('[[steps]]\nname = "one"\n', {"steps/one/instruction.md": "x", "tests/test.sh": None, "tests/a": ""},
+     "steps/one/tests/test.sh is missing, and so is tests/test.sh"),
+    ("steps = 3\n", {}, "task.toml: steps: must be an array of tables"),
     ('[[environment.mcp_servers]]\nname = "x"\ntransport = "stdio"\n', {},
      "environment.mcp_servers[0].command: is required for transport 'stdio'"),
     ('[[environment.mcp_servers]]\nname = "x"\n', {}, "environment.mcp_servers[0].url: is required for transport 'sse'"),
@@ -115,6 +126,66 @@ def test_bad_tasks_name_task_file_and_field(tmp_path: Path, toml: str, files: di
         load_task(task)
     assert expected in str(error.value)
     assert str(task) in str(error.value)
+
+
+MULTI_STEP = """\
+schema_version = "1.4"
+multi_step_reward_strategy = "final"
+[task]
+name = "acme/two-steps"
+[agent]
+timeout_sec = 300
+[verifier]
+timeout_sec = 45.0
+env = { MODE = "strict", LEVEL = "1" }
+
+[[steps]]
+name = "first"
+min_reward = { reward = 1.0, style = 0.5 }
+[steps.agent]
+timeout_sec = 60
+[steps.verifier]
+env = { LEVEL = "2" }
+
+[[steps]]
+name = "second"
+[steps.verifier]
+timeout_sec = 30
+"""
+
+
+def test_multi_step_tasks_are_read(tmp_path: Path) -> None:
+    task = load_task(make_task(tmp_path, MULTI_STEP, files={
+        "instruction.md": None,  # a multi-step task has none at the root
+        "steps/first/instruction.md": "<!-- canary -->\nDo one.\n",
+        "steps/first/tests/test_one.py": "", "steps/first/solution/solve.sh": "true\n",
+        "steps/first/workdir/setup.sh": "touch ready\n",
+        "steps/second/instruction.md": "Do two.\n",
+    }))
+    root = tmp_path / "t"
+    assert (task.multi_step, task.reward_strategy, task.instruction) == (True, "final", "Do one.")
+    first, second = task.steps
+    assert (first.name, first.instruction, second.instruction) == ("first", "Do one.", "Do two.")
+    # the step's own tests go over the root ones; the root solution serves a step without one
+    assert first.tests_dirs == (root / "tests", root / "steps/first/tests")
+    assert second.tests_dirs == (root / "tests",)
+    assert (first.solution_dir, second.solution_dir) == (root / "steps/first/solution", root / "solution")
+    assert (first.workdir_dir, first.has_setup, second.workdir_dir) == (root / "steps/first/workdir", True, None)
+    assert (first.agent_timeout_s, second.agent_timeout_s) == (60, 300)  # else the task's [agent]
+    assert (first.verifier_timeout_s, second.verifier_timeout_s) == (600.0, 30)  # Harbor's default
+    assert dict(first.verifier_env) == {"MODE": "strict", "LEVEL": "2"}
+    assert (first.min_reward, second.min_reward) == ({"reward": 1.0, "style": 0.5}, None)
+    assert task.has_solution
+    assert first.passes({"reward": 1.0, "style": 0.5}) and not first.passes({"reward": 1.0})
+    assert second.passes({}) and not dataclasses.replace(second, min_reward=0.5).passes({"reward": 0.25})
+
+
+def test_a_single_step_task_is_one_step_of_the_root_files(tmp_path: Path) -> None:
+    task = load_task(make_task(tmp_path))
+    (step,) = task.steps
+    assert (task.multi_step, step.name, step.instruction) == (False, "", task.instruction)
+    assert (step.tests_dirs, step.solution_dir) == ((task.tests_dir,), task.solution_dir)
+    assert (step.agent_timeout_s, step.verifier_timeout_s, step.min_reward) == (300, 45.0, None)
 
 
 def test_a_folder_of_tasks(tmp_path: Path) -> None:
@@ -176,3 +247,19 @@ def test_env_options_are_checked_when_it_is_made(tmp_path: Path) -> None:
     sse = make_task(tmp_path, TOML + '\n[[environment.mcp_servers]]\nname = "s"\nurl = "http://127.0.0.1:9/sse"\n', name="sse")
     with pytest.raises(HarborTaskError, match="the 'sse' transport .* is not supported"):
         HarborEnv(path=sse, sandbox="docker")
+
+
+def test_step_rewards_combine_as_harbor_combines_them(tmp_path: Path) -> None:
+    from agentrl.errors import GradingError
+    from agentrl_envs.harbor.env import combine_steps
+
+    task = load_task(make_task(tmp_path))
+    graded = [{"reward": 1.0, "rewards": {"reward": 1.0, "style": 0.5}},
+              {"reward": 0.0, "rewards": {"reward": 0.0}}]
+    # mean: per entry over the graded steps, an entry a step lacks counting 0
+    assert combine_steps(task, graded) == (0.5, {"reward": 0.5, "style": 0.25})
+    final = dataclasses.replace(task, reward_strategy="final")
+    assert combine_steps(final, graded) == (0.0, {"reward": 0.0})
+    assert combine_steps(task, [{"reward": 3, "rewards": {"score": 3}}]) == (3.0, {"score": 3.0})
+    with pytest.raises(GradingError, match="no entry named 'reward'"):
+        combine_steps(task, [{"reward": 1, "rewards": {"a": 1}}, {"reward": 1, "rewards": {"b": 1}}])
