@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # System set-up for the sandbox backends (run by `make test` and CI; needs root):
-#   - installs bubblewrap, util-linux (nsenter, prlimit, setpriv), the Docker engine,
+#   - installs bubblewrap, util-linux (nsenter, prlimit, setpriv), the Docker engine, iptables,
 #     debootstrap, Chromium (the viewer's browser tests) and python3-pytest (bwrap sandboxes
 #     see the host's /usr, so tools such as run_tests need pytest for /usr/bin/python3) from
 #     the distribution's packages when missing;
@@ -24,6 +24,7 @@ command -v bwrap >/dev/null || missing+=(bubblewrap)
 for tool in nsenter prlimit setpriv; do command -v "$tool" >/dev/null || { missing+=(util-linux); break; }; done
 if [ "$BWRAP_ONLY" = 0 ]; then
     command -v dockerd >/dev/null || missing+=(docker.io)
+    command -v iptables-restore >/dev/null || missing+=(iptables)  # Harbor's per-phase network rules
     command -v debootstrap >/dev/null || missing+=(debootstrap)
     command -v chromium >/dev/null || missing+=(chromium)  # agentrl view's browser tests
 fi

@@ -46,6 +46,7 @@ from agentrl.sandbox.base import (
 )
 from agentrl.sandbox.container_scripts import script
 from agentrl.sandbox.container_scripts.sweep import TOKEN_VAR, parse_answer
+from agentrl.sandbox.egress import Egress, apply_egress
 from agentrl.sandbox.shell import PipeShellSession
 
 __all__ = [
@@ -86,7 +87,10 @@ class DockerSandbox(Sandbox):
 
     What it guarantees:
 
-    * **No network**: ``network_mode="none"`` (only a loopback interface).
+    * **No network**: ``network_mode="none"`` (only a loopback interface), unless a network is
+      named; then ``egress`` (:class:`~agentrl.sandbox.egress.Egress`) can still restrict what
+      the processes reach, by rules the host loads into the container's network namespace
+      (see :mod:`agentrl.sandbox.egress`), kept across restarts.
     * **Read-only root file system** from a local image; the writable places are the workspace
       (``/workspace``, a host directory bind-mounted read-write, the working directory) and a
       size-limited tmpfs ``/tmp`` (``Limits.file_size_mb``; it allows exec).
@@ -172,8 +176,11 @@ class DockerSandbox(Sandbox):
         uid: User and group id of everything run inside (the workspace is chowned to it).
         cpus: CPUs the container may use.
         fast_exec: Run commands through the in-container runner (else one docker exec each).
-        network: ``"none"`` (default: loopback only) or ``"bridge"`` (Docker's default
-            network: whatever the host can reach). Only grant it on purpose.
+        network: ``"none"`` (default: loopback only), ``"bridge"`` (Docker's default
+            network: whatever the host can reach), or the name of a Docker network the
+            sandbox joins (its other containers resolve by name). Only grant it on purpose.
+        egress: What the processes may reach on ``network`` (None: all of it); change it
+            with :meth:`set_egress`.
         workspace_aliases: More absolute container paths where the workspace is mounted too
             (e.g. a task's ``/app``): the same files under another name.
         private_dirs: Container path -> ``"ro"`` or ``"rw"`` (the mount): a fresh, empty host
@@ -196,12 +203,15 @@ class DockerSandbox(Sandbox):
         cpus: float = 1.0,
         fast_exec: bool = True,
         network: str = "none",
+        egress: Egress | None = None,
         workspace_aliases: Sequence[str] = (),
         private_dirs: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(limits)
-        if network not in ("none", "bridge"):
-            raise ValueError(f"network must be 'none' or 'bridge', not {network!r}")
+        if not network or network in ("host",) or network.startswith("container:"):
+            raise ValueError(f"network must be 'none', 'bridge' or a Docker network's name, not {network!r}")
+        if egress is not None and network == "none":
+            raise ValueError("egress restricts a network: give the sandbox one (network=...)")
         for path in (*workspace_aliases, *(private_dirs or {})):
             if not path.startswith("/") or path in ("/", WORKSPACE, "/tmp") or ".." in path.split("/"):
                 raise ValueError(f"{path!r} cannot be mounted: give an absolute path other "
@@ -210,6 +220,7 @@ class DockerSandbox(Sandbox):
             if mode not in ("ro", "rw"):
                 raise ValueError(f"private_dirs modes are 'ro' or 'rw', not {mode!r}")
         self.network = network
+        self.egress = egress
         self.workspace_aliases = tuple(workspace_aliases)
         self.private_dirs = dict(private_dirs or {})
         self._private_hosts: dict[str, str] = {}
@@ -276,6 +287,12 @@ class DockerSandbox(Sandbox):
             await asyncio.to_thread(remove_workspace, self.workspace)
             raise
         self.container_id = self._container.id
+        if self.egress is not None:
+            try:
+                await self._apply_egress()
+            except BaseException:
+                await self.close()
+                raise
         await self._get_runner()  # best effort: a failure only means docker exec per command
 
     async def close(self) -> None:
@@ -524,11 +541,36 @@ class DockerSandbox(Sandbox):
             await asyncio.to_thread(self._container.restart, timeout=0)
         except docker.errors.DockerException as exc:
             raise SandboxError(f"cannot restart the sandbox container: {exc}") from exc
+        if self.egress is not None:  # a restarted container has a new network namespace
+            await self._apply_egress()
         self.restarts += 1
         self._oom_seen = 0
         self._pids_seen = 0
 
-    # -- the host's side: private directories, stopping everything ---------------------------
+    # -- the host's side: egress, private directories, stopping everything --------------------
+
+    async def set_egress(self, egress: Egress) -> None:
+        """Changes what the sandbox's processes may reach (see :mod:`agentrl.sandbox.egress`):
+        from the next packet on, also for connections already open.
+
+        Raises:
+            SandboxError: The sandbox has no network, or the host cannot enforce egress rules.
+        """
+        self._check()
+        if self.network == "none":
+            raise SandboxError("the sandbox has no network to restrict (network='none')")
+        async with self._recover_lock:  # not while a restart makes a new namespace
+            self.egress = egress
+            await self._apply_egress()
+
+    async def _apply_egress(self) -> None:
+        assert self.egress is not None and self._container is not None
+        if not self.docker_host.startswith("unix://"):
+            raise SandboxError(f"egress rules need the Docker daemon on this machine, not {self.docker_host}")
+        await asyncio.to_thread(self._container.reload)
+        pid = self._container.attrs["State"]["Pid"]
+        await asyncio.to_thread(apply_egress, pid, self._container.attrs.get("HostsPath"), self.egress)
+
 
     def host_dir(self, path: str) -> str:
         """The host directory behind the private directory ``path`` (see ``private_dirs``)."""

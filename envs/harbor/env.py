@@ -15,14 +15,17 @@ from agentrl.env import TaskFields, check_split
 from agentrl.env.sandboxed import SandboxedToolEnv
 from agentrl.errors import GradingError
 from agentrl.sandbox import WORKSPACE, Limits, Sandbox
+from agentrl.sandbox.egress import Egress
 from agentrl.tools import Tool, Toolbox, ToolCall
 from agentrl.tools.mcp import McpServer
 from agentrl_envs.harbor.images import SEED_DIR, TaskImage, ensure_task_image
+from agentrl_envs.harbor.network import GRANTS, NetworkPlan, egress_of, plan_network
 from agentrl_envs.harbor.task import (
     SHIPPED_TASKS,
     HarborStep,
     HarborTask,
     HarborTaskError,
+    NetworkPolicy,
     load_tasks,
 )
 from agentrl_envs.harbor.verifier import LOGS, SOLUTION, TESTS, fill, grade, reopen
@@ -31,13 +34,12 @@ from agentrl_tools import bash, editor, python, run_tests, search, submit
 from agentrl_tools.bash import SHELL_KEY
 
 SPLITS = ("train", "test")
-NETWORK_POLICIES = ("task", "offline", "public")
 TOOLS_BY_NAME: dict[str, Tool] = {
     t.name: t for t in (bash, editor, search, submit, python, run_tests)
 }
 
 SYSTEM_PROMPT = """\
-You are an agent completing a task in a Linux container (no network). Your working directory \
+You are an agent completing a task in a Linux container ({network}). Your working directory \
 is {workdir}; the root file system is read-only apart from it and /tmp. Tools:
 {tools}
 Do the task described by the user, check your work, then call submit. Your work is graded by \
@@ -121,10 +123,16 @@ class HarborEnv(SandboxedToolEnv):
             agentrl, ``envs/harbor/tasks``).
         tools: The agent's tools: names among ``bash``, ``editor``, ``search``, ``submit``,
             ``python``, ``run_tests`` (default the first four), or Tool objects.
-        network: ``task`` (default): a task that asks for public network (``network_mode =
-            "public"``, which is also Harbor's default when the field is absent) or an
-            allowlist is refused; ``offline``: every task runs without network; ``public``:
-            tasks that ask for public network get Docker's bridge network.
+        network: ``task`` (default): each phase gets the network its task asks for
+            (``[environment]``: start-up and ``setup.sh``; ``[agent]``; ``[verifier]``; and
+            a step's own tables), except that a task asking for public network
+            (``network_mode = "public"``, also Harbor's default when the field is absent) is
+            refused; ``public``: public network is granted too; ``offline``: every phase of
+            every task runs without network. ``allowlist`` phases reach only their
+            ``allowed_hosts`` (see :mod:`agentrl_envs.harbor.network`).
+        egress_network: The Docker network a sandbox joins when a phase of its task has
+            network (default ``bridge``); an allowlist's hostnames are looked up among its
+            containers first.
         base_image: Re-base every task onto this local image (replaces external ``FROM``
             images and ``docker_image``), e.g. ``agentrl-base:bookworm-py3-v2``.
         docker_host: The Docker daemon (default: agentrl's private one, see
@@ -154,13 +162,14 @@ class HarborEnv(SandboxedToolEnv):
         path: str | Path = SHIPPED_TASKS,
         tools: Sequence[str | Tool] | None = None,
         network: str = "task",
+        egress_network: str = "bridge",
         base_image: str | None = None,
         docker_host: str | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("sandbox", "docker")
-        if network not in NETWORK_POLICIES:
-            raise ValueError(f"network must be one of {NETWORK_POLICIES}, not {network!r}")
+        if network not in GRANTS:
+            raise ValueError(f"network must be one of {GRANTS}, not {network!r}")
         super().__init__(tools=_resolve_tools(tools), **kwargs)
         if self.sandbox_backend != "docker":
             raise ValueError("harbor-v0 runs each task in its Docker image: use sandbox='docker'")
@@ -168,9 +177,11 @@ class HarborEnv(SandboxedToolEnv):
         self.network = network
         self.base_image = base_image
         self.docker_host = docker_host
+        self.egress_network = egress_network
         self.tasks = {task.name: task for task in load_tasks(self.path)}
-        for task in self.tasks.values():
-            self._network_for(task)  # refuse what cannot run, at start-up
+        # refuses what cannot run, at start-up
+        self._networks = {name: plan_network(task, network, egress_network)
+                          for name, task in self.tasks.items()}
         self._task_mcp = {task.name: mcp_servers_of(task) for task in self.tasks.values()}
         self._base_tools = tuple(self.toolbox)
         self._images: dict[str, TaskImage] = {}
@@ -197,23 +208,25 @@ class HarborEnv(SandboxedToolEnv):
             raise HarborTaskError(f"no Harbor task {task.get('id')!r} under {self.path} "
                                   f"(tasks: {sorted(self.tasks)})") from None
 
-    def _network_for(self, task: HarborTask) -> str:
-        """The Docker network of ``task``'s sandbox under the ``network`` policy."""
-        if task.network_mode == "no-network" or self.network == "offline":
-            return "none"
-        asked = (f"network_mode = {task.network_mode!r}" if task.network_mode_set
-                 else "no network_mode, and Harbor's default is 'public'")
-        if task.network_mode == "public" and self.network == "public":
-            return "bridge"
-        if task.network_mode == "allowlist":
-            raise HarborTaskError(
-                f"Harbor task {task.path}: task.toml: environment.network_mode: 'allowlist' is "
-                "not supported; run it offline with --env-kwarg network=offline")
-        raise HarborTaskError(
-            f"Harbor task {task.path}: task.toml asks for public network ({asked}); agentrl "
-            "never grants network silently: pass --env-kwarg network=public to grant it, or "
-            "--env-kwarg network=offline to run the task without network (or set "
-            "network_mode = \"no-network\" in its [environment])")
+    def network_plan(self, task: HarborTask) -> NetworkPlan:
+        """How ``task``'s sandbox is networked (see :func:`~agentrl_envs.harbor.network.plan_network`)."""
+        return self._networks[task.name]
+
+    async def _enter_phase(self, harbor: HarborTask, policy: NetworkPolicy) -> None:
+        """Sets the sandbox's egress to ``policy`` when the task's phases differ."""
+        egress = await self._phase_egress(harbor, policy)
+        if egress is not None:
+            assert self.sandbox is not None
+            await self.sandbox.set_egress(egress)  # type: ignore[attr-defined]
+
+    async def _phase_egress(self, harbor: HarborTask, policy: NetworkPolicy) -> Any:
+        plan = self.network_plan(harbor)
+        if not plan.per_phase:
+            return None
+        from agentrl.sandbox.docker import get_client
+
+        client = await asyncio.to_thread(get_client, self.docker_host)
+        return await asyncio.to_thread(egress_of, policy, client, plan.network)
 
     # -- episode -----------------------------------------------------------------------------
 
@@ -223,7 +236,10 @@ class HarborEnv(SandboxedToolEnv):
             from agentrl.sandbox.docker import get_client
 
             client = await asyncio.to_thread(get_client, self.docker_host)
-            network = "default" if self._network_for(task) == "bridge" else "none"
+            # only a granted public [environment] builds with network (an allowlist cannot
+            # be enforced on a build)
+            public = task.network_mode == "public" and self.network == "public"
+            network = "default" if public else "none"
             self._images[task.name] = await ensure_task_image(
                 client, task, base_image=self.base_image, network=network)
         return self._images[task.name]
@@ -251,24 +267,32 @@ class HarborEnv(SandboxedToolEnv):
         options: dict[str, Any] = {
             "image": image.tag, "workspace_aliases": aliases,
             "private_dirs": {TESTS: "ro", LOGS: "rw", SOLUTION: "ro"},
-            "network": self._network_for(harbor), "cpus": float(harbor.cpus or 1.0),
+            "network": self.network_plan(harbor).network, "cpus": float(harbor.cpus or 1.0),
         }
+        if self.network_plan(harbor).per_phase:  # nothing reachable until a phase says what is
+            options["egress"] = Egress.nothing()
         if self.docker_host:
             options["docker_host"] = self.docker_host
         return {**options, **self.sandbox_options}
 
     async def prepare_sandbox(self, sandbox: Sandbox, task: Mapping[str, Any]) -> None:
         """Copies the image's working directory into the workspace, then opens the first step."""
+        harbor = self.harbor_task(task)
+        await self._enter_phase(harbor, NetworkPolicy(harbor.network_mode, harbor.allowed_hosts))
         result = await sandbox.exec(f"cp -R {SEED_DIR}/. {WORKSPACE}/", timeout=300)
         if result.exit_code != 0:
             raise HarborTaskError(f"Harbor task {task['id']}: cannot copy the working directory "
                                   f"into the workspace: {(result.stderr or result.stdout)[-500:]}")
-        await self._open_step(sandbox, self.harbor_task(task), 0)
+        await self._open_step(sandbox, harbor, 0)
 
     async def _open_step(self, sandbox: Sandbox, harbor: HarborTask, index: int) -> None:
-        """Stages step ``index``: its ``workdir/`` is written into the workspace and its
-        ``setup.sh`` run there, as the agent's uid; its agent timeout starts."""
+        """Stages step ``index`` under the environment's network policy: its ``workdir/`` is
+        written into the workspace and its ``setup.sh`` run there, as the agent's uid. Then
+        the step's agent phase begins: its network policy, its timeout."""
         step = harbor.steps[index]
+        baseline = NetworkPolicy(harbor.network_mode, harbor.allowed_hosts)
+        if index:
+            await self._enter_phase(harbor, baseline)
         if step.workdir_dir is not None:
             for file in sorted(p for p in step.workdir_dir.rglob("*") if p.is_file()):
                 await sandbox.write_file(file.relative_to(step.workdir_dir).as_posix(), file.read_bytes())
@@ -279,6 +303,7 @@ class HarborEnv(SandboxedToolEnv):
                 raise HarborTaskError(
                     f"Harbor task {harbor.name}: steps/{step.name}/workdir/setup.sh exited with "
                     f"{result.exit_code}: {(result.stderr or result.stdout)[-500:]}")
+        await self._enter_phase(harbor, step.agent_network)
         self.state.data["harbor.step"] = index
         self.state.data["harbor.started"] = time.monotonic()
 
@@ -295,7 +320,7 @@ class HarborEnv(SandboxedToolEnv):
         steps = STEPS_LINE.format(count=len(harbor.steps)) if harbor.multi_step else ""
         system = SYSTEM_PROMPT.format(
             workdir=workdir.workdir if workdir and workdir.workdir != "/" else WORKSPACE,
-            tools=lines, steps=steps)
+            tools=lines, steps=steps, network=self._network_words(harbor))
         return [{"role": "system", "content": system},
                 {"role": "user", "content": harbor.instruction}]
 
@@ -342,7 +367,9 @@ class HarborEnv(SandboxedToolEnv):
         sandbox = self.sandbox
         assert sandbox is not None
         step = harbor.steps[state.data.get("harbor.step", 0)]
-        reward, details = await grade(sandbox, harbor, step, self._images[harbor.name].workdir)
+        egress = await self._phase_egress(harbor, step.verifier_network)
+        reward, details = await grade(sandbox, harbor, step, self._images[harbor.name].workdir,
+                                      egress=egress)
         record = {"step": step.name, "reward": reward, **details}
         state.data.setdefault("harbor.steps", []).append(record)
         return record
@@ -394,6 +421,15 @@ class HarborEnv(SandboxedToolEnv):
                 fill(self.sandbox.host_dir(SOLUTION), step.solution_dir)  # type: ignore[attr-defined]
             return self.format.render("I will run the reference solution.", [call])
         return self.format.render("The solution ran.", [ToolCall("submit", {})])
+
+    def _network_words(self, harbor: HarborTask) -> str:
+        """What the prompt says of the first step's agent network."""
+        policy = harbor.steps[0].agent_network
+        if self.network_plan(harbor).network == "none" or policy.mode == "no-network":
+            return "no network"
+        if policy.mode == "public":
+            return "with network access"
+        return "network access only to " + ", ".join(policy.allowed_hosts) if policy.allowed_hosts else "no network"
 
     def _current_step(self, harbor: HarborTask) -> HarborStep:
         index = self.state.data.get("harbor.step", 0) if self.state is not None else 0

@@ -28,6 +28,7 @@ and the field, never ignored.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 import re
 import tomllib
@@ -46,6 +47,7 @@ NAME_PATTERN = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]*/[a-zA-Z0-9][a-zA-Z0-9._-
 NETWORK_MODES = ("no-network", "public", "allowlist")
 MCP_TRANSPORTS = ("stdio", "sse", "streamable-http")
 REWARD_STRATEGIES = ("mean", "final")
+_HOST_LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
 _BAD_STEP_NAME = re.compile(r'[<>:"/\\|?*\x00-\x1f\x7f]')
 _DEVICE_NAME = re.compile(r"^(CON|PRN|AUX|NUL|CONIN\$|CONOUT\$|(?:COM|LPT)[1-9¹²³])$", re.IGNORECASE)
 _CANARY = re.compile(r"^(<!--.*canary.*-->|#.*canary.*)$", re.IGNORECASE)
@@ -71,6 +73,23 @@ class McpServerEntry:
 
 
 @dataclasses.dataclass(frozen=True)
+class NetworkPolicy:
+    """What one phase may reach: ``network_mode`` and, for ``allowlist``, ``allowed_hosts``.
+
+    Attributes:
+        mode: ``no-network``, ``public`` or ``allowlist``.
+        allowed_hosts: With ``allowlist``: hostnames, ``*.suffix`` wildcards, IP addresses and
+            CIDR blocks, normalised as Harbor normalises them (lower case, no trailing dot).
+    """
+
+    mode: str
+    allowed_hosts: tuple[str, ...] = ()
+
+
+NO_NETWORK = NetworkPolicy("no-network")
+
+
+@dataclasses.dataclass(frozen=True)
 class HarborStep:
     """One step of a task: what the agent is asked, what grades it, what the oracle runs.
 
@@ -93,6 +112,10 @@ class HarborStep:
         min_reward: ``min_reward``: the remaining steps are skipped when the step's rewards fall
             below it (a number gates the ``reward`` entry; a table gates each named entry,
             a missing entry counting as below). None: never skipped.
+        agent_network: The agent phase's network: the step's ``[steps.agent]`` policy, else
+            the task's ``[agent]``, else the environment's (``[environment]``).
+        verifier_network: The verifier phase's, from ``[steps.verifier]`` / ``[verifier]``
+            alike.
     """
 
     name: str
@@ -104,6 +127,8 @@ class HarborStep:
     verifier_timeout_s: float
     verifier_env: Mapping[str, str]
     min_reward: float | Mapping[str, float] | None = None
+    agent_network: NetworkPolicy = NO_NETWORK
+    verifier_network: NetworkPolicy = NO_NETWORK
 
     @property
     def has_solution(self) -> bool:
@@ -142,6 +167,7 @@ class HarborTask:
         cpus, memory_mb, storage_mb: ``[environment]`` resources (None: agentrl's defaults).
         network_mode: ``no-network``, ``public`` or ``allowlist``; Harbor's default is
             ``public`` (``network_mode_set`` says whether the task asked explicitly).
+        allowed_hosts: ``[environment].allowed_hosts`` (with ``allowlist``).
         workdir: ``[environment].workdir`` (None: the image's WORKDIR).
         env: ``[environment].env``: variables of the agent's commands.
         solution_env: ``[solution].env``: variables of the oracle's ``solve.sh``.
@@ -170,6 +196,7 @@ class HarborTask:
     storage_mb: int | None
     network_mode: str
     network_mode_set: bool
+    allowed_hosts: tuple[str, ...]
     workdir: str | None
     env: Mapping[str, str]
     solution_env: Mapping[str, str]
@@ -298,6 +325,7 @@ def load_task(task_dir: str | Path) -> HarborTask:
         network = "no-network" if legacy is False else "public"
     if network not in NETWORK_MODES:
         raise environment.fail("network_mode", f"{network!r} is not one of {NETWORK_MODES}")
+    baseline = NetworkPolicy(network, _allowed_hosts(environment, network))
     workdir = environment.string("workdir")
     if workdir is not None and not workdir.startswith("/"):
         raise environment.fail("workdir", f"must be an absolute path, not {workdir!r}")
@@ -315,7 +343,9 @@ def load_task(task_dir: str | Path) -> HarborTask:
         name="", instruction="", tests_dirs=(path / "tests",), solution_dir=path / "solution",
         workdir_dir=None, agent_timeout_s=agent.number("timeout_sec", None),
         verifier_timeout_s=float(verifier.number("timeout_sec", 600.0)),
-        verifier_env=verifier.strings("env"))
+        verifier_env=verifier.strings("env"),
+        agent_network=_phase_network(agent) or baseline,
+        verifier_network=_phase_network(verifier) or baseline)
     if raw_steps:
         steps = _steps(path, root, raw_steps, whole_task)
     else:
@@ -341,6 +371,7 @@ def load_task(task_dir: str | Path) -> HarborTask:
         storage_mb=environment.number("storage_mb", None, integer=True),
         network_mode=network,
         network_mode_set=network_set,
+        allowed_hosts=baseline.allowed_hosts,
         workdir=workdir,
         env=environment.strings("env"),
         solution_env=root.sub("solution").strings("env"),
@@ -405,8 +436,61 @@ def _steps(path: Path, root: _Reader, tables: list[dict[str, Any]],
             verifier_timeout_s=float(verifier.number("timeout_sec", 600.0)),
             verifier_env={**whole_task.verifier_env, **verifier.strings("env")},
             min_reward=_min_reward(item),
+            agent_network=_phase_network(agent) or whole_task.agent_network,
+            verifier_network=_phase_network(verifier) or whole_task.verifier_network,
         ))
     return tuple(steps)
+
+
+def _phase_network(phase: _Reader) -> NetworkPolicy | None:
+    """The explicit policy of an ``[agent]`` / ``[verifier]`` table (None: it inherits)."""
+    mode = phase.string("network_mode")
+    if mode is None:
+        if "allowed_hosts" in phase.table:
+            raise phase.fail("allowed_hosts", "is only valid with network_mode = \"allowlist\"")
+        return None
+    if mode not in NETWORK_MODES:
+        raise phase.fail("network_mode", f"{mode!r} is not one of {NETWORK_MODES}")
+    return NetworkPolicy(mode, _allowed_hosts(phase, mode))
+
+
+def _allowed_hosts(table: _Reader, mode: str) -> tuple[str, ...]:
+    """``allowed_hosts`` of a table whose ``network_mode`` is ``mode``, validated and
+    normalised as Harbor does (hostnames, ``*.suffix``, IP addresses, CIDR blocks)."""
+    raw = table.table.get("allowed_hosts")
+    if raw is None:
+        return ()
+    if mode != "allowlist":
+        raise table.fail("allowed_hosts", "is only valid with network_mode = \"allowlist\"")
+    if not isinstance(raw, list) or not all(isinstance(h, str) for h in raw):
+        raise table.fail("allowed_hosts", "must be an array of strings")
+    hosts = []
+    for entry in raw:
+        host = entry.strip().lower().rstrip(".")
+        if "/" in host or ":" in host:
+            try:
+                host = (ipaddress.ip_network(host, strict=True) if "/" in host
+                        else ipaddress.IPv6Address(host)).compressed
+            except ValueError:
+                raise table.fail("allowed_hosts", f"{entry!r}: entries are hostnames, IP addresses or "
+                                 "CIDR blocks, not URLs, ports or paths") from None
+        else:
+            if host.startswith("*.") and _is_address(host[2:]):
+                raise table.fail("allowed_hosts", f"{entry!r}: a wildcard names hostnames, not an IP address")
+            labels = (host[2:] if host.startswith("*.") else host).split(".")
+            if not all(_HOST_LABEL.match(label) for label in labels):
+                raise table.fail("allowed_hosts", f"{entry!r} is not a hostname, a '*.suffix' "
+                                 "wildcard, an IP address or a CIDR block")
+        hosts.append(host)
+    return tuple(hosts)
+
+
+def _is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _min_reward(step: _Reader) -> float | dict[str, float] | None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from agentrl.errors import GradingError
 from agentrl.sandbox import WORKSPACE
+from agentrl.sandbox.egress import Egress
 from agentrl_envs.harbor.task import HarborStep, HarborTask
 
 TESTS, LOGS, SOLUTION = "/tests", "/logs/verifier", "/solution"
@@ -34,16 +35,19 @@ PROC_SELF = ("self", "thread-self")
 OPEN_FILE_LINKS = ("/dev/stdin", "/dev/stdout", "/dev/stderr")
 
 
-async def grade(sandbox: Any, task: HarborTask, step: HarborStep,
-                workdir: str) -> tuple[float, dict[str, Any]]:
+async def grade(sandbox: Any, task: HarborTask, step: HarborStep, workdir: str,
+                egress: Egress | None = None) -> tuple[float, dict[str, Any]]:
     """Runs the verifier of ``task``'s ``step`` in ``sandbox`` (a DockerSandbox with
     HarborEnv's private dirs) and returns (reward, details), as the class docstring of
-    :class:`HarborEnv` describes.
+    :class:`HarborEnv` describes; ``egress``: the verifier phase's network (None: the
+    sandbox's stays).
 
     Raises:
         GradingError: The verifier timed out or wrote no valid reward file.
     """
     await sandbox.stop_processes()
+    if egress is not None:  # the verifier phase's network policy, once nothing of the agent runs
+        await sandbox.set_egress(egress)
     cwd = workdir if workdir != "/" else WORKSPACE
     mounts = (WORKSPACE, *sandbox.workspace_aliases)
     as_root = os.geteuid() == 0  # only then can the agent's files be given to root

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from agentrl.errors import GradingError
+from agentrl.sandbox.egress import egress_unsupported
 from agentrl_envs.harbor import HarborEnv, HarborTaskError
 from agentrl_envs.harbor.images import HarborImageError, ensure_task_image
 from agentrl_envs.harbor.task import load_task
@@ -371,5 +372,99 @@ def test_multi_step_final_strategy_takes_the_last_step(tasks: Path) -> None:
                                      bash("echo 85 > /app/double.txt"), SUBMIT])
         assert reward == 0.0 and env.last_grade["rewards"] == {"reward": 0.0}
         assert [s["reward"] for s in env.last_grade["steps"]] == [1.0, 0.0]
+    finally:
+        env.close()
+
+
+@pytest.fixture(scope="module")
+def egress_network() -> Iterator[tuple[str, dict[str, str]]]:
+    """A Docker network with two HTTP servers on it: (network, server name -> address)."""
+    import secrets
+
+    from agentrl.sandbox.docker import get_client
+
+    client = get_client(None)
+    suffix = secrets.token_hex(3)
+    network = client.networks.create(f"agentrl-test-egress-{suffix}", labels={"agentrl.test": "1"})
+    servers = []
+    try:
+        for side in ("agentside", "verifierside"):
+            servers.append(client.containers.run(
+                BASE, ["python3", "-m", "http.server", "8000"], name=f"{side}-{suffix}", detach=True,
+                network=network.name, labels={"agentrl.test": "1"}, cap_drop=["ALL"]))
+        addresses = {}
+        for server in servers:
+            server.reload()
+            addresses[server.name] = server.attrs["NetworkSettings"]["Networks"][network.name]["IPAddress"]
+        yield network.name, addresses
+    finally:
+        for server in servers:
+            server.remove(force=True)
+        network.remove()
+
+
+PHASES_TOML = """\
+schema_version = "1.4"
+[task]
+name = "test/phases"
+[environment]
+network_mode = "no-network"
+[agent]
+network_mode = "allowlist"
+allowed_hosts = ["{agent_host}"]
+[verifier]
+network_mode = "allowlist"
+allowed_hosts = ["{verifier_host}"]
+[[steps]]
+name = "only"
+"""
+# Prints "<target> ok" or "<target> blocked" for each host name or address given.
+PROBE = """\
+import sys, urllib.request
+for target in sys.argv[1:]:
+    try:
+        urllib.request.urlopen(f"http://{target}:8000/", timeout=5)
+        print(target, "ok")
+    except Exception:
+        print(target, "blocked")
+"""
+
+
+@pytest.mark.skipif(egress_unsupported() is not None, reason=str(egress_unsupported()))
+def test_each_phase_reaches_only_its_own_allowed_hosts(tasks: Path, egress_network: tuple[str, dict[str, str]]) -> None:
+    network, addresses = egress_network
+    agent_host, verifier_host = sorted(addresses)  # agentside-..., verifierside-...
+    targets = " ".join([agent_host, verifier_host, addresses[agent_host], addresses[verifier_host]])
+    verifier_expects = "\\n".join([f"{agent_host} blocked", f"{verifier_host} ok",
+                                    f"{addresses[agent_host]} blocked", f"{addresses[verifier_host]} ok"])
+    task = tasks / "phases"
+    files = {
+        "task.toml": PHASES_TOML.format(agent_host=agent_host, verifier_host=verifier_host),
+        "environment/Dockerfile": f"FROM {BASE}\nWORKDIR /app\nCOPY probe.py /opt/probe.py\n",
+        "environment/probe.py": PROBE,
+        # the verifier passes when it reaches its host and not the agent's, by name or address
+        "tests/test.sh": f"python3 /opt/probe.py {targets} > /tmp/seen\n"
+                         f"if [ \"$(cat /tmp/seen)\" = \"$(printf '{verifier_expects}')\" ]; then "
+                         "echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; "
+                         "cat /tmp/seen; fi\n",
+        # setup.sh runs under [environment]: no network at all
+        "steps/only/workdir/setup.sh": f"python3 /opt/probe.py {targets} > setup-seen.txt\n",
+        "steps/only/instruction.md": "Probe the network.\n",
+        "steps/only/solution/solve.sh": "true\n",
+    }
+    for rel, text in files.items():
+        (task / rel).parent.mkdir(parents=True, exist_ok=True)
+        (task / rel).write_text(text)
+    env = HarborEnv(path=task, egress_network=network)
+    try:
+        reward, outputs, _ = play(env, [
+            bash(f"cat /app/setup-seen.txt; echo ---; python3 /opt/probe.py {targets}"), SUBMIT])
+        setup_seen, agent_seen = outputs[0].split("---")
+        assert setup_seen.split() == [agent_host, "blocked", verifier_host, "blocked",
+                                      addresses[agent_host], "blocked", addresses[verifier_host], "blocked"]
+        assert agent_seen.split() == [agent_host, "ok", verifier_host, "blocked",
+                                      addresses[agent_host], "ok", addresses[verifier_host], "blocked"]
+        assert reward == 1.0, env.last_grade["output_tail"]
+        assert "network access only to " + agent_host in env.messages[0]["content"]
     finally:
         env.close()

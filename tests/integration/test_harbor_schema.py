@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from agentrl_envs.harbor import SHIPPED_TASKS, load_task
+from agentrl_envs.harbor.network import phase_policies
 from tests.unit.test_harbor_task import MULTI_STEP, make_task
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,6 +25,16 @@ pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
 DUMP = """
 import json, sys
 from harbor.models.task.task import Task
+
+def phase_networks(c):  # harbor/trial/network_policy.py's resolution (a step's table, the task's, the baseline)
+    baseline = c.environment.resolve_baseline()
+    out = [baseline]
+    for step in c.steps or [None]:
+        for role in ("agent", "verifier"):
+            explicit = getattr(step, role).explicit_phase_policy() if step else None
+            out.append(explicit or getattr(c, role).explicit_phase_policy() or baseline)
+    return out
+
 out = {}
 for path in sys.argv[1:]:
     task = Task(path)
@@ -39,6 +50,9 @@ for path in sys.argv[1:]:
         "storage_mb": e.storage_mb, "network_mode": e.network_mode.value, "workdir": e.workdir,
         "env": e.env, "solution_env": c.solution.env,
         "mcp_servers": [[m.name, m.transport, m.url, m.command, m.args] for m in e.mcp_servers],
+        "allowed_hosts": list(e.allowed_hosts or []),
+        # each phase's effective network policy, as Harbor's trial resolves it
+        "networks": [[p.network_mode.value, p.allowed_hosts] for p in phase_networks(c)],
         "multi_step": bool(c.steps),
         "reward_strategy": (c.multi_step_reward_strategy or "mean") if c.steps else "mean",
         # a step's effective settings, as Harbor's multi-step trial resolves them
@@ -58,6 +72,8 @@ def ours(path: Path) -> dict:
         "build_timeout_s", "docker_image", "cpus", "memory_mb", "storage_mb", "network_mode", "workdir")}
     fields.update(verifier_env=dict(task.verifier_env), env=dict(task.env), solution_env=dict(task.solution_env),
                   mcp_servers=[[m.name, m.transport, m.url, m.command, list(m.args)] for m in task.mcp_servers],
+                  allowed_hosts=list(task.allowed_hosts),
+                  networks=[[p.mode, list(p.allowed_hosts)] for _, p in phase_policies(task)],
                   multi_step=task.multi_step, reward_strategy=task.reward_strategy,
                   steps=[[s.name, s.instruction, s.agent_timeout_s, s.verifier_timeout_s, dict(s.verifier_env),
                           dict(s.min_reward) if isinstance(s.min_reward, dict) else s.min_reward]

@@ -10,6 +10,7 @@ import pytest
 
 from agentrl_envs.harbor import SHIPPED_TASKS, HarborTaskError, load_task, load_tasks
 from agentrl_envs.harbor.images import from_lines, image_tag
+from agentrl_envs.harbor.task import NetworkPolicy
 
 TOML = """\
 schema_version = "1.4"
@@ -111,6 +112,14 @@ def test_defaults_follow_harbor(tmp_path: Path) -> None:
     ('[[steps]]\nname = "one"\n', {"steps/one/instruction.md": "x", "tests/test.sh": None, "tests/a": ""},
      "steps/one/tests/test.sh is missing, and so is tests/test.sh"),
     ("steps = 3\n", {}, "task.toml: steps: must be an array of tables"),
+    ('[environment]\nallowed_hosts = ["a.com"]\n', {}, "environment.allowed_hosts: is only valid with network_mode"),
+    ('[agent]\nallowed_hosts = ["a.com"]\n', {}, "agent.allowed_hosts: is only valid with network_mode"),
+    ('[verifier]\nnetwork_mode = "allowlist"\nallowed_hosts = ["https://a.com/x"]\n', {},
+     "verifier.allowed_hosts: 'https://a.com/x': entries are hostnames, IP addresses or CIDR blocks"),
+    ('[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["a.com:443"]\n', {}, "not URLs, ports or paths"),
+    ('[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["*.10.0.0.1"]\n', {}, "a wildcard names hostnames"),
+    ('[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["a_b.com"]\n', {}, "'a_b.com' is not a hostname"),
+    ('[agent]\nnetwork_mode = "intranet"\n', {}, "agent.network_mode: 'intranet' is not one of"),
     ('[[environment.mcp_servers]]\nname = "x"\ntransport = "stdio"\n', {},
      "environment.mcp_servers[0].command: is required for transport 'stdio'"),
     ('[[environment.mcp_servers]]\nname = "x"\n', {}, "environment.mcp_servers[0].url: is required for transport 'sse'"),
@@ -133,8 +142,12 @@ schema_version = "1.4"
 multi_step_reward_strategy = "final"
 [task]
 name = "acme/two-steps"
+[environment]
+network_mode = "allowlist"
+allowed_hosts = ["PyPI.org.", "*.example.com", "10.1.0.0/16", "2001:DB8::1"]
 [agent]
 timeout_sec = 300
+network_mode = "no-network"
 [verifier]
 timeout_sec = 45.0
 env = { MODE = "strict", LEVEL = "1" }
@@ -149,8 +162,12 @@ env = { LEVEL = "2" }
 
 [[steps]]
 name = "second"
+[steps.agent]
+network_mode = "allowlist"
+allowed_hosts = ["api.internal"]
 [steps.verifier]
 timeout_sec = 30
+network_mode = "public"
 """
 
 
@@ -176,6 +193,13 @@ def test_multi_step_tasks_are_read(tmp_path: Path) -> None:
     assert dict(first.verifier_env) == {"MODE": "strict", "LEVEL": "2"}
     assert (first.min_reward, second.min_reward) == ({"reward": 1.0, "style": 0.5}, None)
     assert task.has_solution
+    # network: the environment's baseline, normalised as Harbor does; a phase table overrides
+    # it, a step's table overrides the task's
+    baseline = NetworkPolicy("allowlist", ("pypi.org", "*.example.com", "10.1.0.0/16", "2001:db8::1"))
+    assert (task.network_mode, task.allowed_hosts) == (baseline.mode, baseline.allowed_hosts)
+    assert (first.agent_network, first.verifier_network) == (NetworkPolicy("no-network"), baseline)
+    assert second.agent_network == NetworkPolicy("allowlist", ("api.internal",))
+    assert second.verifier_network == NetworkPolicy("public")
     assert first.passes({"reward": 1.0, "style": 0.5}) and not first.passes({"reward": 1.0})
     assert second.passes({}) and not dataclasses.replace(second, min_reward=0.5).passes({"reward": 0.25})
 
