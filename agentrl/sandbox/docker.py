@@ -579,6 +579,34 @@ class DockerSandbox(Sandbox):
             raise SandboxError(f"{path!r} is not one of this sandbox's private_dirs {sorted(self.private_dirs)}")
         return self._private_hosts[path]
 
+    async def read_archive(self, path: str, max_bytes: int) -> bytes | None:
+        """A tar archive of the container path ``path`` (a file or a folder, read through the
+        container's own mounts, as ``docker cp`` reads it); None when nothing is there.
+
+        Raises:
+            SandboxError: The archive is larger than ``max_bytes``, or Docker failed.
+        """
+        import docker.errors
+
+        self._check()
+
+        def read() -> bytes | None:
+            try:
+                stream, _ = self._container.get_archive(path)
+            except docker.errors.NotFound:
+                return None
+            except docker.errors.APIError as exc:
+                raise SandboxError(f"cannot read {path!r} from the sandbox: {exc}") from exc
+            chunks, size = [], 0
+            for chunk in stream:
+                size += len(chunk)
+                if size > max_bytes:
+                    raise SandboxError(f"{path!r} in the sandbox is larger than {max_bytes} bytes")
+                chunks.append(chunk)
+            return b"".join(chunks)
+
+        return await asyncio.to_thread(read)
+
     async def stop_processes(self) -> None:
         """Stops every process of the sandbox (open shells, background jobs, the runner) by
         restarting the container: the workspace and private dirs are kept, /tmp is emptied.

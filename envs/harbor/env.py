@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import shlex
 import time
 from collections.abc import Mapping, Sequence
@@ -14,13 +15,20 @@ from agentrl import EpisodeState
 from agentrl.env import TaskFields, check_split
 from agentrl.env.sandboxed import SandboxedToolEnv
 from agentrl.errors import GradingError
-from agentrl.sandbox import WORKSPACE, Limits, Sandbox
+from agentrl.sandbox import WORKSPACE, Limits, Sandbox, create_sandbox
 from agentrl.sandbox.egress import Egress
 from agentrl.tools import Tool, Toolbox, ToolCall
 from agentrl.tools.mcp import McpServer
-from agentrl_envs.harbor.images import SEED_DIR, TaskImage, ensure_task_image
+from agentrl_envs.harbor.images import (
+    SEED_DIR,
+    TaskImage,
+    ensure_task_image,
+    image_tag,
+    verifier_image,
+)
 from agentrl_envs.harbor.network import GRANTS, NetworkPlan, egress_of, plan_network
 from agentrl_envs.harbor.task import (
+    ARTIFACTS_DIR,
     SHIPPED_TASKS,
     HarborStep,
     HarborTask,
@@ -28,7 +36,15 @@ from agentrl_envs.harbor.task import (
     NetworkPolicy,
     load_tasks,
 )
-from agentrl_envs.harbor.verifier import LOGS, SOLUTION, TESTS, fill, grade, reopen
+from agentrl_envs.harbor.verifier import (
+    LOGS,
+    SOLUTION,
+    TESTS,
+    fill,
+    grade,
+    grade_separately,
+    reopen,
+)
 from agentrl_envs.swe_tools.env import made_call
 from agentrl_tools import bash, editor, python, run_tests, search, submit
 from agentrl_tools.bash import SHELL_KEY
@@ -266,7 +282,9 @@ class HarborEnv(SandboxedToolEnv):
         aliases = [] if image.workdir in ("/", WORKSPACE) else [image.workdir]
         options: dict[str, Any] = {
             "image": image.tag, "workspace_aliases": aliases,
-            "private_dirs": {TESTS: "ro", LOGS: "rw", SOLUTION: "ro"},
+            "private_dirs": {TESTS: "ro", LOGS: "rw", SOLUTION: "ro",
+                             # where the agent leaves artifacts for a separate verifier
+                             **({ARTIFACTS_DIR: "rw"} if _separate(harbor) else {})},
             "network": self.network_plan(harbor).network, "cpus": float(harbor.cpus or 1.0),
         }
         if self.network_plan(harbor).per_phase:  # nothing reachable until a phase says what is
@@ -278,6 +296,12 @@ class HarborEnv(SandboxedToolEnv):
     async def prepare_sandbox(self, sandbox: Sandbox, task: Mapping[str, Any]) -> None:
         """Copies the image's working directory into the workspace, then opens the first step."""
         harbor = self.harbor_task(task)
+        if _separate(harbor):  # /logs/artifacts is the agent's to write
+            host = sandbox.host_dir(ARTIFACTS_DIR)  # type: ignore[attr-defined]
+            if os.geteuid() == 0:
+                os.chown(host, sandbox.uid, sandbox.uid)  # type: ignore[attr-defined]
+            else:
+                os.chmod(host, 0o777)
         await self._enter_phase(harbor, NetworkPolicy(harbor.network_mode, harbor.allowed_hosts))
         result = await sandbox.exec(f"cp -R {SEED_DIR}/. {WORKSPACE}/", timeout=300)
         if result.exit_code != 0:
@@ -367,12 +391,55 @@ class HarborEnv(SandboxedToolEnv):
         sandbox = self.sandbox
         assert sandbox is not None
         step = harbor.steps[state.data.get("harbor.step", 0)]
-        egress = await self._phase_egress(harbor, step.verifier_network)
-        reward, details = await grade(sandbox, harbor, step, self._images[harbor.name].workdir,
-                                      egress=egress)
+        workdir = self._images[harbor.name].workdir
+        if step.verifier_environment is None:
+            egress = await self._phase_egress(harbor, step.verifier_network)
+            reward, details = await grade(sandbox, harbor, step, workdir, egress=egress)
+        else:
+            image = await self._verifier_image(harbor, step)
+            reward, details = await grade_separately(
+                sandbox, harbor, step, workdir, image.tag, image.workdir,
+                await self._verifier_sandbox_maker(harbor, step))
         record = {"step": step.name, "reward": reward, **details}
         state.data.setdefault("harbor.steps", []).append(record)
         return record
+
+    async def _verifier_image(self, harbor: HarborTask, step: HarborStep) -> TaskImage:
+        """The image of ``step``'s separate verifier, built on first use."""
+        assert step.verifier_environment is not None
+        source = verifier_image(harbor, step.verifier_environment)
+        key = image_tag(source, self.base_image)
+        if key not in self._images:
+            from agentrl.sandbox.docker import get_client
+
+            client = await asyncio.to_thread(get_client, self.docker_host)
+            self._images[key] = await ensure_task_image(client, source, base_image=self.base_image)
+        return self._images[key]
+
+    async def _verifier_sandbox_maker(self, harbor: HarborTask, step: HarborStep) -> Any:
+        """What makes the container of ``step``'s separate verifier: its own resources, and
+        its phase's network (none, or the egress network held to its policy)."""
+        verifier = step.verifier_environment
+        assert verifier is not None
+        limits = dataclasses.replace(
+            self.limits, memory_mb=verifier.memory_mb or self.limits.memory_mb,
+            workspace_mb=verifier.storage_mb or self.limits.workspace_mb)
+        base: dict[str, Any] = {"cpus": float(verifier.cpus or 1.0), "network": "none"}
+        if self.docker_host:
+            base["docker_host"] = self.docker_host
+        if self.network != "offline" and step.verifier_network.mode != "no-network":
+            from agentrl.sandbox.docker import get_client
+
+            base["network"] = self.egress_network
+            if step.verifier_network.mode == "allowlist":
+                client = await asyncio.to_thread(get_client, self.docker_host)
+                base["egress"] = await asyncio.to_thread(egress_of, step.verifier_network, client,
+                                                         self.egress_network)
+
+        def make(options: Mapping[str, Any]) -> Any:
+            return create_sandbox("docker", limits, **{**base, **options})
+
+        return make
 
     async def next_stage(self, final: Mapping[str, Any]) -> list[dict[str, Any]] | None:
         """A multi-step task's step ends: it is graded, and unless it was the last step or
@@ -434,6 +501,11 @@ class HarborEnv(SandboxedToolEnv):
     def _current_step(self, harbor: HarborTask) -> HarborStep:
         index = self.state.data.get("harbor.step", 0) if self.state is not None else 0
         return harbor.steps[index]
+
+
+def _separate(task: HarborTask) -> bool:
+    """Whether a step of ``task`` is graded in a separate verifier environment."""
+    return any(step.verifier_environment is not None for step in task.steps)
 
 
 def combine_steps(task: HarborTask, graded: Sequence[Mapping[str, Any]]) -> tuple[float, dict[str, float]]:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.sandbox.images import DEFAULT_IMAGE
-from agentrl_envs.harbor.task import HarborTask, HarborTaskError
+from agentrl_envs.harbor.task import HarborTask, HarborTaskError, VerifierEnvironment
 
 SEED_DIR = "/.agentrl-seed"
 RECIPE = "agentrl-harbor-image-v1"
@@ -44,6 +44,46 @@ class HarborImageError(HarborTaskError):
 
 
 @dataclasses.dataclass(frozen=True)
+class ImageSource:
+    """What one image of a task is built from: the agent's (``environment/``) or a separate
+    verifier's (see :class:`~agentrl_envs.harbor.task.VerifierEnvironment`).
+
+    Attributes:
+        task: The task (named in tags and messages).
+        context_dir: The build context, with its ``Dockerfile``.
+        context_label: The folder as messages name it (``environment``, ``tests``, ...).
+        docker_image: A local image instead of the Dockerfile.
+        workdir: The working directory (None: the image's WORKDIR).
+        build_timeout_s: The build's time limit.
+        role: ``""`` for the agent's image, ``"verifier"`` for a separate verifier's.
+    """
+
+    task: HarborTask
+    context_dir: Path
+    context_label: str
+    docker_image: str | None
+    workdir: str | None
+    build_timeout_s: float
+    role: str = ""
+
+
+def agent_image(task: HarborTask) -> ImageSource:
+    """The source of ``task``'s own image: ``environment/`` and ``[environment]``."""
+    return ImageSource(task, task.environment_dir, "environment", task.docker_image, task.workdir,
+                       task.build_timeout_s)
+
+
+def verifier_image(task: HarborTask, verifier: VerifierEnvironment) -> ImageSource:
+    """The source of the image a separate verifier of ``task`` runs in."""
+    return ImageSource(task, verifier.context_dir, verifier.context_label, verifier.docker_image,
+                       verifier.workdir, verifier.build_timeout_s, "verifier")
+
+
+def _source(image: HarborTask | ImageSource) -> ImageSource:
+    return image if isinstance(image, ImageSource) else agent_image(image)
+
+
+@dataclasses.dataclass(frozen=True)
 class TaskImage:
     """A built task image: ``tag``, the task's ``workdir`` in it, whether this call ``built``
     it (False: cached) and the ``seconds`` that took."""
@@ -54,11 +94,14 @@ class TaskImage:
     seconds: float
 
 
-def environment_hash(task: HarborTask, base_image: str | None = None) -> str:
-    """A hash of what the task's image is made from (see the module docstring)."""
-    digest = hashlib.sha256(f"{RECIPE}\0{base_image or ''}\0{task.docker_image or ''}\0"
-                            f"{task.workdir or ''}\0".encode())
-    env_dir = task.environment_dir
+def environment_hash(image: HarborTask | ImageSource, base_image: str | None = None) -> str:
+    """A hash of what the task's image (or ``image``) is made from (see the module docstring)."""
+    source = _source(image)
+    digest = hashlib.sha256(f"{RECIPE}\0{base_image or ''}\0{source.docker_image or ''}\0"
+                            f"{source.workdir or ''}\0".encode())
+    if source.role:
+        digest.update(f"{source.role}\0".encode())
+    env_dir = source.context_dir
     if env_dir.is_dir():
         for path in sorted(p for p in env_dir.rglob("*") if p.is_file() or p.is_symlink()):
             rel = path.relative_to(env_dir).as_posix()
@@ -69,10 +112,12 @@ def environment_hash(task: HarborTask, base_image: str | None = None) -> str:
     return digest.hexdigest()
 
 
-def image_tag(task: HarborTask, base_image: str | None = None) -> str:
-    """The image tag of ``task``: ``agentrl-harbor-<name>:<environment hash>``."""
-    slug = re.sub(r"[^a-z0-9_.-]+", "-", task.name.lower()).strip("-.") or "task"
-    return f"agentrl-harbor-{slug}:{environment_hash(task, base_image)[:16]}"
+def image_tag(image: HarborTask | ImageSource, base_image: str | None = None) -> str:
+    """The image tag of a task (or ``image``): ``agentrl-harbor-<name>[-verifier]:<hash>``."""
+    source = _source(image)
+    slug = re.sub(r"[^a-z0-9_.-]+", "-", source.task.name.lower()).strip("-.") or "task"
+    role = f"-{source.role}" if source.role else ""
+    return f"agentrl-harbor-{slug}{role}:{environment_hash(source, base_image)[:16]}"
 
 
 def from_lines(dockerfile: str) -> list[tuple[int, str, str | None]]:
@@ -108,34 +153,36 @@ def _ensure_present(client: Any, task: HarborTask, where: str, image: str) -> No
         raise _missing_image_error(task, where, image) from None
 
 
-def _dockerfile(client: Any, task: HarborTask, base_image: str | None) -> str:
-    """The task's Dockerfile with external ``FROM`` images checked (or re-based) and agentrl's
-    seed layer appended."""
-    if task.docker_image is not None:
-        image = base_image or task.docker_image
-        _ensure_present(client, task, "task.toml: environment.docker_image", image)
+def _dockerfile(client: Any, source: ImageSource, base_image: str | None) -> str:
+    """The source's Dockerfile with external ``FROM`` images checked (or re-based) and
+    agentrl's seed layer appended."""
+    task, where = source.task, source.context_label
+    if source.docker_image is not None:
+        image = base_image or source.docker_image
+        table = "verifier.environment" if source.role else "environment"
+        _ensure_present(client, task, f"task.toml: {table}.docker_image", image)
         text = f"FROM {image}\n"
     else:
-        text = (task.environment_dir / "Dockerfile").read_text(encoding="utf-8")
+        text = (source.context_dir / "Dockerfile").read_text(encoding="utf-8")
         lines = text.splitlines()
         stages: set[str] = set()
         for number, image, stage in from_lines(text):
             if "$" in image and not base_image:
                 raise HarborImageError(
-                    f"Harbor task {task.path}: environment/Dockerfile line {number}: FROM {image} "
+                    f"Harbor task {task.path}: {where}/Dockerfile line {number}: FROM {image} "
                     "uses a build argument; agentrl cannot check it offline: pass --env-kwarg "
                     f"base_image={DEFAULT_IMAGE} (or another local image) to re-base it")
             if image.lower() != "scratch" and image not in stages:
                 if base_image:
                     lines[number - 1] = f"FROM {base_image}" + (f" AS {stage}" if stage else "")
                     image = base_image
-                _ensure_present(client, task, f"environment/Dockerfile line {number}", image)
+                _ensure_present(client, task, f"{where}/Dockerfile line {number}", image)
             if stage:
                 stages.add(stage)
         if not stages and not from_lines(text):
-            raise HarborImageError(f"Harbor task {task.path}: environment/Dockerfile has no FROM line")
+            raise HarborImageError(f"Harbor task {task.path}: {where}/Dockerfile has no FROM line")
         text = "\n".join(lines) + "\n"
-    workdir = f'"{task.workdir}"' if task.workdir else '"$PWD"'
+    workdir = f'"{source.workdir}"' if source.workdir else '"$PWD"'
     return text + (
         "USER root\n"
         f"RUN d={workdir}; mkdir -p {SEED_DIR} && if [ \"$d\" != / ] && [ -d \"$d\" ]; then "
@@ -148,8 +195,9 @@ def _label(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _build(client: Any, task: HarborTask, tag: str, base_image: str | None, network: str) -> bool:
+def _build(client: Any, source: ImageSource, tag: str, base_image: str | None, network: str) -> bool:
     """Builds ``tag`` unless the daemon has it; True when it built."""
+    task = source.task
     import docker.errors
 
     with _LOCKS_GUARD:
@@ -157,10 +205,10 @@ def _build(client: Any, task: HarborTask, tag: str, base_image: str | None, netw
     with lock:
         if client.images.list(name=tag):
             return False  # built before (by this process or an earlier one)
-        dockerfile = _dockerfile(client, task, base_image)
+        dockerfile = _dockerfile(client, source, base_image)
         with tempfile.TemporaryDirectory(prefix="agentrl-harbor-build-") as context:
-            if task.environment_dir.is_dir():
-                shutil.copytree(task.environment_dir, context, dirs_exist_ok=True, symlinks=True)
+            if source.context_dir.is_dir():
+                shutil.copytree(source.context_dir, context, dirs_exist_ok=True, symlinks=True)
             name = ".agentrl.Dockerfile"
             Path(context, name).write_text(dockerfile, encoding="utf-8")
             try:
@@ -169,37 +217,41 @@ def _build(client: Any, task: HarborTask, tag: str, base_image: str | None, netw
             except docker.errors.BuildError as exc:
                 log = "".join(str(c.get("stream") or c.get("error") or "") for c in exc.build_log)
                 raise HarborImageError(
-                    f"Harbor task {task.path}: building environment/Dockerfile failed: {exc.msg}; "
+                    f"Harbor task {task.path}: building {source.context_label}/Dockerfile failed: {exc.msg}; "
                     f"the build log ends with: {log.strip()[-800:]}") from exc
             except docker.errors.APIError as exc:
                 raise HarborImageError(f"Harbor task {task.path}: docker build failed: {exc}") from exc
         return True
 
 
-def image_workdir(client: Any, task: HarborTask, tag: str) -> str:
-    """The task's working directory: ``[environment].workdir``, else the image's WORKDIR."""
-    if task.workdir:
-        return task.workdir
+def image_workdir(client: Any, image: HarborTask | ImageSource, tag: str) -> str:
+    """The image's working directory: its table's ``workdir``, else the image's WORKDIR."""
+    source = _source(image)
+    if source.workdir:
+        return source.workdir
     return client.images.get(tag).attrs.get("Config", {}).get("WorkingDir") or "/"
 
 
 async def ensure_task_image(
-    client: Any, task: HarborTask, *, base_image: str | None = None, network: str = "none"
+    client: Any, task: HarborTask | ImageSource, *, base_image: str | None = None, network: str = "none"
 ) -> TaskImage:
-    """Builds ``task``'s image unless the daemon has it (at most one build per tag at a time in
-    this process), within ``[environment].build_timeout_sec``.
+    """Builds ``task``'s image (or the image of an :class:`ImageSource`) unless the daemon has
+    it (at most one build per tag at a time in this process), within its
+    ``build_timeout_sec``.
 
     Raises:
         HarborImageError: see the class.
     """
-    tag = image_tag(task, base_image)
+    source = _source(task)
+    tag = image_tag(source, base_image)
     start = time.perf_counter()
-    work = asyncio.to_thread(_build, client, task, tag, base_image, network)
+    work = asyncio.to_thread(_build, client, source, tag, base_image, network)
     try:
-        built = await asyncio.wait_for(work, task.build_timeout_s)
+        built = await asyncio.wait_for(work, source.build_timeout_s)
     except TimeoutError:
+        table = "verifier.environment" if source.role else "environment"
         raise HarborImageError(
-            f"Harbor task {task.path}: the image did not build within {task.build_timeout_s:g} s "
-            "(task.toml: environment.build_timeout_sec)") from None
-    workdir = await asyncio.to_thread(image_workdir, client, task, tag)
+            f"Harbor task {source.task.path}: the image did not build within {source.build_timeout_s:g} s "
+            f"(task.toml: {table}.build_timeout_sec)") from None
+    workdir = await asyncio.to_thread(image_workdir, client, source, tag)
     return TaskImage(tag, workdir, built, time.perf_counter() - start)

@@ -20,8 +20,8 @@ A multi-step task (``[[steps]]`` in task.toml) has a folder per step instead of 
 
 The ``harbor`` package itself needs Python >= 3.12, so this module reads the documented schema
 itself; ``tests/integration/test_harbor_schema.py`` loads every shipped task with Harbor's own
-``Task`` model as a cross-check. What agentrl cannot honour (docker-compose environments, a
-separate verifier image, Windows, GPUs) is refused with an error naming the task
+``Task`` model as a cross-check. What agentrl cannot honour (docker-compose environments,
+Windows, GPUs) is refused with an error naming the task
 and the field, never ignored.
 """
 
@@ -87,6 +87,62 @@ class NetworkPolicy:
 
 
 NO_NETWORK = NetworkPolicy("no-network")
+ARTIFACTS_DIR = "/logs/artifacts"
+"""Harbor's convention folder: whatever the agent leaves here reaches a separate verifier."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Artifact:
+    """A path a separate verifier receives from the agent's container (``artifacts``).
+
+    Attributes:
+        source: An absolute container path (file or folder), restored at the same path.
+        exclude: ``fnmatch`` patterns of members to leave out (matched against every path
+            component and the path inside the artifact, as ``tar --exclude`` does).
+    """
+
+    source: str
+    exclude: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectHook:
+    """A ``[[verifier.collect]]`` command, run in the agent's container once its processes
+    are stopped and before the artifacts are taken (best effort: a failure is recorded)."""
+
+    command: str
+    timeout_s: float = 60.0
+    user: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifierEnvironment:
+    """The environment a verifier runs in when it is separate from the agent's
+    (``[verifier].environment_mode = "separate"`` or a ``[verifier.environment]`` table).
+
+    Attributes:
+        context_dir: The folder its image is built from: the tests folder when it holds a
+            ``Dockerfile`` (the image then holds the tests), else ``environment/``.
+        context_label: How messages name that folder (``environment``, ``tests``, ...).
+        bundled_tests: The image holds ``/tests`` itself (built from the tests folder, or a
+            ``docker_image`` of ``[verifier.environment]``); else the tests are copied in.
+        docker_image: A local image instead of a Dockerfile.
+        workdir: Its working directory (None: the image's WORKDIR).
+        build_timeout_s, cpus, memory_mb, storage_mb: Its ``[verifier.environment]`` (or
+            ``[environment]``) settings.
+        network: Its baseline network policy (a ``[verifier]`` policy overrides it).
+    """
+
+    context_dir: Path
+    context_label: str
+    bundled_tests: bool
+    docker_image: str | None
+    workdir: str | None
+    build_timeout_s: float
+    cpus: float | None
+    memory_mb: int | None
+    storage_mb: int | None
+    network: NetworkPolicy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +171,12 @@ class HarborStep:
         agent_network: The agent phase's network: the step's ``[steps.agent]`` policy, else
             the task's ``[agent]``, else the environment's (``[environment]``).
         verifier_network: The verifier phase's, from ``[steps.verifier]`` / ``[verifier]``
-            alike.
+            alike (a separate verifier's baseline is its own environment's).
+        verifier_environment: Where the verifier runs when separate (None: in the agent's
+            container, Harbor's ``shared``).
+        artifacts: What a separate verifier receives: the task's ``artifacts``, the step's,
+            then ``/logs/artifacts``.
+        collect: ``[[verifier.collect]]`` of the task, then of the step.
     """
 
     name: str
@@ -129,6 +190,9 @@ class HarborStep:
     min_reward: float | Mapping[str, float] | None = None
     agent_network: NetworkPolicy = NO_NETWORK
     verifier_network: NetworkPolicy = NO_NETWORK
+    verifier_environment: VerifierEnvironment | None = None
+    artifacts: tuple[Artifact, ...] = ()
+    collect: tuple[CollectHook, ...] = ()
 
     @property
     def has_solution(self) -> bool:
@@ -308,29 +372,9 @@ def load_task(task_dir: str | Path) -> HarborTask:
     if name is not None and (not NAME_PATTERN.match(name) or ".." in name):
         raise meta.fail("name", f"{name!r} is not in 'org/name' form")
     agent, verifier, environment = root.sub("agent"), root.sub("verifier"), root.sub("environment")
-    verifier.refuse("environment_mode", "separate", "a separate verifier environment is not "
-                    "supported: agentrl runs tests/test.sh in the agent's container (shared)")
-    if "environment" in verifier.table:
-        raise verifier.fail("environment", "a separate verifier environment is not supported")
-    environment.refuse("os", "windows", "Windows tasks are not supported (linux only)")
-    if environment.table.get("gpus"):
-        raise environment.fail("gpus", "GPU tasks are not supported by agentrl's Docker sandbox")
-
-    network_set = "network_mode" in environment.table or "allow_internet" in environment.table
-    network = environment.string("network_mode")
-    if network is None:
-        legacy = environment.table.get("allow_internet")
-        if legacy is not None and not isinstance(legacy, bool):
-            raise environment.fail("allow_internet", f"must be true or false, not {legacy!r}")
-        network = "no-network" if legacy is False else "public"
-    if network not in NETWORK_MODES:
-        raise environment.fail("network_mode", f"{network!r} is not one of {NETWORK_MODES}")
-    baseline = NetworkPolicy(network, _allowed_hosts(environment, network))
-    workdir = environment.string("workdir")
-    if workdir is not None and not workdir.startswith("/"):
-        raise environment.fail("workdir", f"must be an absolute path, not {workdir!r}")
-
-    docker_image = environment.string("docker_image")
+    settings = _environment(environment)
+    baseline = settings.network
+    docker_image, workdir = settings.docker_image, settings.workdir
     if docker_image is None:
         env_dir = path / "environment"
         if (env_dir / "docker-compose.yaml").is_file() or (env_dir / "docker-compose.yml").is_file():
@@ -339,15 +383,20 @@ def load_task(task_dir: str | Path) -> HarborTask:
         if not (env_dir / "Dockerfile").is_file():
             raise HarborTaskError(f"Harbor task {path}: environment/Dockerfile is missing (or set "
                                   "[environment].docker_image to a local image)")
+    task_artifacts = _artifacts(root)
+    separate = _verifier_environment(path, settings, verifier)
     whole_task = HarborStep(
         name="", instruction="", tests_dirs=(path / "tests",), solution_dir=path / "solution",
         workdir_dir=None, agent_timeout_s=agent.number("timeout_sec", None),
         verifier_timeout_s=float(verifier.number("timeout_sec", 600.0)),
         verifier_env=verifier.strings("env"),
         agent_network=_phase_network(agent) or baseline,
-        verifier_network=_phase_network(verifier) or baseline)
+        verifier_network=_phase_network(verifier) or (separate.network if separate else baseline),
+        verifier_environment=separate,
+        artifacts=(*task_artifacts, Artifact(ARTIFACTS_DIR)) if separate else (),
+        collect=_collect(verifier))
     if raw_steps:
-        steps = _steps(path, root, raw_steps, whole_task)
+        steps = _steps(path, root, raw_steps, whole_task, settings, task_artifacts)
     else:
         if not (path / "tests" / "test.sh").is_file():
             raise HarborTaskError(f"Harbor task {path}: tests/test.sh is missing (the verifier)")
@@ -364,13 +413,13 @@ def load_task(task_dir: str | Path) -> HarborTask:
         agent_timeout_s=whole_task.agent_timeout_s,
         verifier_timeout_s=whole_task.verifier_timeout_s,
         verifier_env=whole_task.verifier_env,
-        build_timeout_s=float(environment.number("build_timeout_sec", 600.0)),
+        build_timeout_s=settings.build_timeout_s,
         docker_image=docker_image,
-        cpus=environment.number("cpus", None),
-        memory_mb=environment.number("memory_mb", None, integer=True),
-        storage_mb=environment.number("storage_mb", None, integer=True),
-        network_mode=network,
-        network_mode_set=network_set,
+        cpus=settings.cpus,
+        memory_mb=settings.memory_mb,
+        storage_mb=settings.storage_mb,
+        network_mode=baseline.mode,
+        network_mode_set=settings.network_set,
         allowed_hosts=baseline.allowed_hosts,
         workdir=workdir,
         env=environment.strings("env"),
@@ -393,10 +442,11 @@ def _instruction(file: Path, task_dir: Path, shown: str) -> str:
     return text
 
 
-def _steps(path: Path, root: _Reader, tables: list[dict[str, Any]],
-           whole_task: HarborStep) -> tuple[HarborStep, ...]:
+def _steps(path: Path, root: _Reader, tables: list[dict[str, Any]], whole_task: HarborStep,
+           settings: _Settings, task_artifacts: tuple[Artifact, ...]) -> tuple[HarborStep, ...]:
     """The ``[[steps]]`` of the task at ``path``, each completed from ``whole_task`` (the
-    task-level timeouts, verifier variables, root tests and solution)."""
+    task-level timeouts, verifier variables and environment, root tests and solution) and
+    ``settings`` (the task's ``[environment]``)."""
     steps: list[HarborStep] = []
     seen: dict[str, str] = {}
     for i, table in enumerate(tables):
@@ -425,6 +475,10 @@ def _steps(path: Path, root: _Reader, tables: list[dict[str, Any]],
                                   "is tests/test.sh (the step's verifier)")
         agent, verifier = item.sub("agent"), item.sub("verifier")
         timeout = agent.number("timeout_sec", None)
+        separate = _verifier_environment(path, settings, root.sub("verifier"), verifier,
+                                         folder / "tests", f"{shown}/tests")
+        explicit = _phase_network(verifier)
+        artifacts = (*task_artifacts, *_artifacts(item), Artifact(ARTIFACTS_DIR)) if separate else ()
         steps.append(HarborStep(
             name=name,
             instruction=_instruction(folder / "instruction.md", path, f"{shown}/instruction.md"),
@@ -437,9 +491,146 @@ def _steps(path: Path, root: _Reader, tables: list[dict[str, Any]],
             verifier_env={**whole_task.verifier_env, **verifier.strings("env")},
             min_reward=_min_reward(item),
             agent_network=_phase_network(agent) or whole_task.agent_network,
-            verifier_network=_phase_network(verifier) or whole_task.verifier_network,
+            verifier_network=explicit or (_phase_network(root.sub("verifier"))
+                                          or (separate.network if separate else settings.network)),
+            verifier_environment=separate,
+            artifacts=artifacts,
+            collect=(*whole_task.collect, *_collect(verifier)),
         ))
     return tuple(steps)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Settings:
+    """The fields of an environment table (``[environment]`` or ``[verifier.environment]``)."""
+
+    docker_image: str | None
+    workdir: str | None
+    build_timeout_s: float
+    cpus: float | None
+    memory_mb: int | None
+    storage_mb: int | None
+    network: NetworkPolicy
+    network_set: bool
+
+
+def _environment(table: _Reader) -> _Settings:
+    """Reads an environment table; refuses Windows and GPUs."""
+    table.refuse("os", "windows", "Windows tasks are not supported (linux only)")
+    if table.table.get("gpus"):
+        raise table.fail("gpus", "GPU tasks are not supported by agentrl's Docker sandbox")
+    network_set = "network_mode" in table.table or "allow_internet" in table.table
+    network = table.string("network_mode")
+    if network is None:
+        legacy = table.table.get("allow_internet")
+        if legacy is not None and not isinstance(legacy, bool):
+            raise table.fail("allow_internet", f"must be true or false, not {legacy!r}")
+        network = "no-network" if legacy is False else "public"
+    if network not in NETWORK_MODES:
+        raise table.fail("network_mode", f"{network!r} is not one of {NETWORK_MODES}")
+    workdir = table.string("workdir")
+    if workdir is not None and not workdir.startswith("/"):
+        raise table.fail("workdir", f"must be an absolute path, not {workdir!r}")
+    return _Settings(
+        docker_image=table.string("docker_image"), workdir=workdir,
+        build_timeout_s=float(table.number("build_timeout_sec", 600.0)),
+        cpus=table.number("cpus", None), memory_mb=table.number("memory_mb", None, integer=True),
+        storage_mb=table.number("storage_mb", None, integer=True),
+        network=NetworkPolicy(network, _allowed_hosts(table, network)), network_set=network_set)
+
+
+def _verifier_environment(task_dir: Path, settings: _Settings, task_verifier: _Reader,
+                          step_verifier: _Reader | None = None, step_tests: Path | None = None,
+                          step_label: str = "") -> VerifierEnvironment | None:
+    """Where a verifier runs, resolved as Harbor resolves it (None: shared, in the agent's
+    container). The mode: the step's ``environment_mode``, else separate when the step has a
+    ``[steps.verifier.environment]``, else the task's likewise, else shared. The settings:
+    the step's verifier environment, else the task's, else ``[environment]``. The image: the
+    first of (the step's verifier environment and tests folder, the task's) whose table names a
+    ``docker_image`` or whose folder holds a ``Dockerfile`` (the image then holds the tests),
+    else ``environment/``."""
+    def mode_of(verifier: _Reader) -> str | None:
+        mode = verifier.string("environment_mode")
+        if mode is not None and mode not in ("shared", "separate"):
+            raise verifier.fail("environment_mode", f"{mode!r} is not 'shared' or 'separate'")
+        if mode == "shared" and "environment" in verifier.table:
+            raise verifier.fail("environment", "a verifier environment needs environment_mode = \"separate\"")
+        return mode or ("separate" if "environment" in verifier.table else None)
+
+    mode = (mode_of(step_verifier) if step_verifier is not None else None) or mode_of(task_verifier)
+    if mode != "separate":
+        return None
+
+    def table_of(verifier: _Reader | None) -> _Settings | None:
+        if verifier is None or "environment" not in verifier.table:
+            return None
+        return _environment(verifier.sub("environment"))
+
+    step_env, task_env = table_of(step_verifier), table_of(task_verifier)
+    own = step_env or task_env or settings
+    candidates = [(task_env, task_dir / "tests", "tests")]
+    if step_verifier is not None and step_tests is not None:
+        candidates.insert(0, (step_env, step_tests, step_label))
+    for env, folder, label in candidates:
+        for name in ("docker-compose.yaml", "docker-compose.yml"):
+            if (folder / name).is_file():
+                raise HarborTaskError(f"Harbor task {task_dir}: {label}/{name}: a multi-container "
+                                      "verifier environment is not supported; give it a Dockerfile")
+        if env is not None and env.docker_image:
+            context, label_, bundled, image = folder, label, True, env.docker_image
+            break
+        if (folder / "Dockerfile").is_file():
+            context, label_, bundled, image = folder, label, True, None
+            break
+    else:
+        context, label_, bundled, image = task_dir / "environment", "environment", False, settings.docker_image
+    return VerifierEnvironment(
+        context_dir=context, context_label=label_, bundled_tests=bundled, docker_image=image,
+        workdir=own.workdir, build_timeout_s=own.build_timeout_s, cpus=own.cpus,
+        memory_mb=own.memory_mb, storage_mb=own.storage_mb, network=own.network)
+
+
+def _artifacts(table: _Reader) -> tuple[Artifact, ...]:
+    """The ``artifacts`` of a task or step table: paths, or ``{source, exclude}`` tables."""
+    entries = table.table.get("artifacts", [])
+    if not isinstance(entries, list):
+        raise table.fail("artifacts", "must be an array of paths or tables")
+    out = []
+    for i, entry in enumerate(entries):
+        item = _Reader(table.task_dir, entry if isinstance(entry, dict) else {}, f"{table.prefix}.artifacts[{i}]"
+                       if table.prefix else f"artifacts[{i}]")
+        source = entry if isinstance(entry, str) else item.string("source")
+        if not isinstance(source, str) or not source:
+            raise item.fail("source", "is required (an absolute path in the agent's container)")
+        if not source.startswith("/") or ".." in source.split("/"):
+            raise item.fail("source", f"{source!r} must be an absolute path without '..'")
+        if isinstance(entry, dict) and entry.get("service") not in (None, "main"):
+            raise item.fail("service", "artifacts of another compose service are not supported")
+        exclude = entry.get("exclude", []) if isinstance(entry, dict) else []
+        if not isinstance(exclude, list) or not all(isinstance(p, str) for p in exclude):
+            raise item.fail("exclude", "must be an array of patterns")
+        out.append(Artifact(source.rstrip("/") or "/", tuple(exclude)))
+    return tuple(out)
+
+
+def _collect(verifier: _Reader) -> tuple[CollectHook, ...]:
+    entries = verifier.table.get("collect", [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise verifier.fail("collect", "must be an array of tables ([[verifier.collect]])")
+    hooks = []
+    for i, entry in enumerate(entries):
+        item = _Reader(verifier.task_dir, entry, f"{verifier.prefix}.collect[{i}]")
+        command = item.string("command")
+        if not command:
+            raise item.fail("command", "is required")
+        if item.string("service", "main") != "main":
+            raise item.fail("service", "collect hooks in another compose service are not supported")
+        user = entry.get("user")
+        if user is not None and not isinstance(user, (str, int)):
+            raise item.fail("user", f"must be a name or a uid, not {user!r}")
+        hooks.append(CollectHook(command, float(item.number("timeout_sec", 60.0)),
+                                 None if user is None else str(user)))
+    return tuple(hooks)
 
 
 def _phase_network(phase: _Reader) -> NetworkPolicy | None:

@@ -15,14 +15,17 @@ import math
 import os
 import shutil
 import stat
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from agentrl.errors import GradingError
 from agentrl.sandbox import WORKSPACE
 from agentrl.sandbox.egress import Egress
-from agentrl_envs.harbor.task import HarborStep, HarborTask
+from agentrl_envs.harbor import artifacts
+from agentrl_envs.harbor.images import SEED_DIR
+from agentrl_envs.harbor.task import ARTIFACTS_DIR, HarborStep, HarborTask
 
 TESTS, LOGS, SOLUTION = "/tests", "/logs/verifier", "/solution"
 GRADER_DIRS = (TESTS, LOGS, SOLUTION)
@@ -49,9 +52,16 @@ async def grade(sandbox: Any, task: HarborTask, step: HarborStep, workdir: str,
     if egress is not None:  # the verifier phase's network policy, once nothing of the agent runs
         await sandbox.set_egress(egress)
     cwd = workdir if workdir != "/" else WORKSPACE
+    return await _run_tests(sandbox, task, step, cwd, copy_tests=True)
+
+
+async def _run_tests(sandbox: Any, task: HarborTask, step: HarborStep, cwd: str,
+                     copy_tests: bool) -> tuple[float, dict[str, Any]]:
+    """Hands ``sandbox`` over (see :func:`_hand_over`), runs ``bash /tests/test.sh`` in
+    ``cwd`` and reads the reward."""
     mounts = (WORKSPACE, *sandbox.workspace_aliases)
     as_root = os.geteuid() == 0  # only then can the agent's files be given to root
-    removed = await asyncio.to_thread(_hand_over, sandbox, step, cwd, mounts, as_root)
+    removed = await asyncio.to_thread(_hand_over, sandbox, step, cwd, mounts, as_root, copy_tests)
     as_user = {"user": "root"} if as_root else {}
     result = await sandbox.exec(["bash", f"{TESTS}/test.sh"], timeout=step.verifier_timeout_s,
                                 env=verifier_environment(step, mounts), cwd=cwd, **as_user)
@@ -66,6 +76,67 @@ async def grade(sandbox: Any, task: HarborTask, step: HarborStep, workdir: str,
                            "(task.toml [verifier].timeout_sec); its output ends with: " + tail[-500:])
     reward, rewards = read_reward(sandbox.host_dir(LOGS), where, result.exit_code, tail)
     details["rewards"] = rewards
+    return reward, details
+
+
+async def grade_separately(
+    agent: Any, task: HarborTask, step: HarborStep, agent_workdir: str, verifier_tag: str,
+    verifier_workdir: str, make_sandbox: Callable[[Mapping[str, Any]], Any],
+) -> tuple[float, dict[str, Any]]:
+    """Runs ``step``'s verifier in a container of its own (Harbor's ``separate`` mode): the
+    agent's container never runs the tests and the verifier's never runs the agent's code.
+
+    1. Every process of the agent's container is stopped; the ``[[verifier.collect]]``
+       commands run in it, as the sandbox's uid (the container's default user; as root when
+       ``user = "root"``), with the verifier's clean variables (best effort: each one's exit
+       code and output are recorded).
+    2. The artifacts (``artifacts`` of the task and step, then ``/logs/artifacts``) are copied
+       out through a sanitising filter (see :mod:`agentrl_envs.harbor.artifacts`).
+    3. A fresh container starts from the verifier's image (``make_sandbox(options)`` makes
+       it, unstarted, with ``image``, ``private_dirs`` and ``workspace_aliases``); its working
+       directory is filled from the image, the artifacts are restored at their paths, and the
+       tests are copied into ``/tests`` unless the image holds them.
+    4. ``bash /tests/test.sh`` runs there as root (every capability dropped) and the reward is
+       read as in :func:`grade`. The container is removed afterwards.
+
+    Raises:
+        GradingError: The verifier timed out or wrote no valid reward file.
+    """
+    assert step.verifier_environment is not None
+    await agent.stop_processes()
+    agent_cwd = agent_workdir if agent_workdir != "/" else WORKSPACE
+    collect = []
+    for hook in step.collect:
+        as_root = hook.user in ("root", "0") and os.geteuid() == 0
+        result = await agent.exec(["bash", "-c", hook.command], timeout=hook.timeout_s,
+                                  env=verifier_environment(step, (WORKSPACE, *agent.workspace_aliases)),
+                                  cwd=agent_cwd, **({"user": "root"} if as_root else {}))
+        collect.append({"command": hook.command, "exit_code": result.exit_code,
+                        "output_tail": (result.stdout + result.stderr)[-500:]})
+    staging = Path(tempfile.mkdtemp(prefix="agentrl-harbor-artifacts-"))
+    try:
+        taken = await artifacts.take(agent, step.artifacts, staging)
+        cwd = verifier_workdir if verifier_workdir != "/" else WORKSPACE
+        private = {LOGS: "rw", ARTIFACTS_DIR: "ro"}
+        if not step.verifier_environment.bundled_tests:
+            private[TESTS] = "ro"
+        # fast_exec off: no command runner of the sandbox's uid lives beside the verifier
+        sandbox = make_sandbox({"image": verifier_tag, "private_dirs": private, "fast_exec": False,
+                                "workspace_aliases": [] if cwd == WORKSPACE else [cwd]})
+        try:
+            await sandbox.start()
+            seeded = await sandbox.exec(f"cp -R {SEED_DIR}/. {WORKSPACE}/", timeout=300)
+            if seeded.exit_code != 0:
+                raise GradingError(f"Harbor task {task.name}: cannot fill the verifier's working "
+                                   f"directory: {(seeded.stderr or seeded.stdout)[-500:]}")
+            await asyncio.to_thread(artifacts.restore, staging, step.artifacts, taken, sandbox.workspace,
+                                    cwd, sandbox.host_dir(ARTIFACTS_DIR))
+            reward, details = await _run_tests(sandbox, task, step, cwd, copy_tests=TESTS in private)
+        finally:
+            await sandbox.close()
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    details.update(verifier="separate", collect=collect, artifacts=taken)
     return reward, details
 
 
@@ -173,13 +244,14 @@ def _reward_text(path: str, where: str) -> str:
 
 
 def _hand_over(sandbox: Any, step: HarborStep, cwd: str, mounts: Sequence[str],
-               as_root: bool) -> list[str]:
+               as_root: bool, copy_tests: bool = True) -> list[str]:
     """Readies the sandbox for the verifier once nothing of the agent runs any more: copies the
     step's tests in, empties the log directory, removes the workspace's symbolic links that lead into
     the grader's directories (see :func:`_leads_to_grader`), and gives every file of the
     workspace to root when ``as_root`` (else the log directory to the sandbox's uid, which then
     runs the verifier). Returns the removed links, as paths under ``cwd``."""
-    fill(sandbox.host_dir(TESTS), *step.tests_dirs)
+    if copy_tests:
+        fill(sandbox.host_dir(TESTS), *step.tests_dirs)
     logs = sandbox.host_dir(LOGS)
     _empty(logs)
     removed = _clean_workspace(sandbox.workspace, mounts, cwd, owner=0 if as_root else None)

@@ -431,15 +431,20 @@ for target in sys.argv[1:]:
 
 
 @pytest.mark.skipif(egress_unsupported() is not None, reason=str(egress_unsupported()))
-def test_each_phase_reaches_only_its_own_allowed_hosts(tasks: Path, egress_network: tuple[str, dict[str, str]]) -> None:
+@pytest.mark.parametrize("verifier_mode", ["shared", "separate"])
+def test_each_phase_reaches_only_its_own_allowed_hosts(tasks: Path, egress_network: tuple[str, dict[str, str]],
+                                                       verifier_mode: str) -> None:
     network, addresses = egress_network
     agent_host, verifier_host = sorted(addresses)  # agentside-..., verifierside-...
     targets = " ".join([agent_host, verifier_host, addresses[agent_host], addresses[verifier_host]])
     verifier_expects = "\\n".join([f"{agent_host} blocked", f"{verifier_host} ok",
                                     f"{addresses[agent_host]} blocked", f"{addresses[verifier_host]} ok"])
-    task = tasks / "phases"
+    task = tasks / f"phases-{verifier_mode}"
+    toml = PHASES_TOML.format(agent_host=agent_host, verifier_host=verifier_host)
+    if verifier_mode == "separate":  # the verifier's own container is held to its allowlist
+        toml = toml.replace("[verifier]\n", '[verifier]\nenvironment_mode = "separate"\n')
     files = {
-        "task.toml": PHASES_TOML.format(agent_host=agent_host, verifier_host=verifier_host),
+        "task.toml": toml,
         "environment/Dockerfile": f"FROM {BASE}\nWORKDIR /app\nCOPY probe.py /opt/probe.py\n",
         "environment/probe.py": PROBE,
         # the verifier passes when it reaches its host and not the agent's, by name or address
@@ -465,6 +470,7 @@ def test_each_phase_reaches_only_its_own_allowed_hosts(tasks: Path, egress_netwo
         assert agent_seen.split() == [agent_host, "ok", verifier_host, "blocked",
                                       addresses[agent_host], "ok", addresses[verifier_host], "blocked"]
         assert reward == 1.0, env.last_grade["output_tail"]
+        assert env.last_grade["steps"][0].get("verifier", "shared") == verifier_mode
         assert "network access only to " + agent_host in env.messages[0]["content"]
     finally:
         env.close()

@@ -6,7 +6,10 @@ working directory a verifier might import, background processes, symlinks into t
 directories, pre-written reward files. Every attempt must score 0 while the oracle scores 1 on
 the same task. Each verifier here writes what it saw (its uid, environment and the processes of
 the container) to its output, so that the tests also check how it ran. The tasks are written
-into tmp_path, except for one shipped task played as shipped.
+into tmp_path, except for shipped tasks played as shipped.
+
+Every test runs twice: with the verifier in the agent's container (Harbor's ``shared`` mode,
+the default) and in a container of its own that receives only ``/app`` (``separate``).
 """
 
 from __future__ import annotations
@@ -65,12 +68,21 @@ FORGE = ("cp /tests/expected.txt /app/answer.txt; echo 1 > /logs/verifier/reward
          "echo '{\"reward\": 1}' > /logs/verifier/reward.json")
 
 
+@pytest.fixture(scope="module", params=["shared", "separate"])
+def mode(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("harbor-adversarial")
+def tasks(tmp_path_factory: pytest.TempPathFactory, mode: str) -> Path:
+    root = tmp_path_factory.mktemp(f"harbor-adversarial-{mode}")
     for name, test_sh in VERIFIERS.items():
         task = write_task(root, f"forge-{name}", test_sh=test_sh)
         (task / "tests" / "test_sum.py").write_text(TEST_SUM)
+        if mode == "separate":  # the verifier gets a container of its own, and /app
+            toml = (task / "task.toml").read_text()
+            toml = 'artifacts = ["/app"]\n' + toml.replace("[verifier]\n", '[verifier]\nenvironment_mode = "separate"\n')
+            (task / "task.toml").write_text(toml)
     return root
 
 
@@ -252,17 +264,25 @@ SYMLINKS = {
 }
 
 
+def refused(grade: dict[str, Any]) -> list[str]:
+    """The members a separate verifier's artifacts left out (none in shared mode)."""
+    return [name for artifact in grade.get("artifacts", []) for name in artifact["refused"]]
+
+
 @pytest.mark.parametrize("how", sorted(SYMLINKS))
-def test_symlinks_into_the_tests_are_removed_before_grading(env_of: Any, how: str) -> None:
+def test_symlinks_into_the_tests_are_removed_before_grading(env_of: Any, mode: str, how: str) -> None:
     # The link dangles while the agent runs; it would reach tests/expected.txt once the tests
     # are copied in, and the answer would match.
     reward, _, grade = attack(env_of("cmp"), SYMLINKS[how])
     assert reward == 0.0
-    assert "/app/answer.txt" in grade["removed_links"]
+    if mode == "shared":
+        assert "/app/answer.txt" in grade["removed_links"]
+    else:  # a link that leaves the artifact never reaches the verifier; one inside it dangles
+        assert refused(grade) or "/app/answer.txt" in grade["removed_links"]
     assert_clean_verifier(grade)
 
 
-def test_links_into_the_reward_directory_are_removed_and_nothing_is_planted_there(env_of: Any) -> None:
+def test_links_into_the_reward_directory_are_removed_and_nothing_is_planted_there(env_of: Any, mode: str) -> None:
     plant = ("ln -s /logs/verifier /app/logs; ln -s /logs/verifier/reward.json /app/out.json; "
              "ln -s /solution /app/sol; ln -s /logs /app/l; "
              "ln -s /app/reward.txt /logs/verifier/reward.txt; echo 1 > /logs/verifier/reward.txt; "
@@ -272,7 +292,10 @@ def test_links_into_the_reward_directory_are_removed_and_nothing_is_planted_ther
     reward, outputs, grade = attack(env_of("cmp"), plant)
     assert "planted=0" in outputs[0]  # nothing got into /logs/verifier or /tests
     assert reward == 0.0
-    assert sorted(grade["removed_links"]) == ["/app/l", "/app/logs", "/app/out.json", "/app/sol"]
+    if mode == "shared":
+        assert sorted(grade["removed_links"]) == ["/app/l", "/app/logs", "/app/out.json", "/app/sol"]
+    else:  # absolute links leave the artifact: refused when it is taken
+        assert {"app/l", "app/logs", "app/out.json", "app/sol"} <= {n.split(" ")[0] for n in refused(grade)}
     assert_clean_verifier(grade)
 
 
@@ -293,5 +316,22 @@ def test_a_shipped_task_scores_1_with_its_oracle_and_0_with_the_attacks() -> Non
         reward, _, grade = attack(env, plant)
         assert reward == 0.0
         assert grade["exit_code"] == 0 and grade["rewards"] == {"reward": 0.0}
+    finally:
+        env.close()
+
+
+def test_a_shipped_separate_verifier_task_scores_1_with_its_oracle_and_0_with_the_attacks() -> None:
+    env = HarborEnv(path=SHIPPED_TASKS / "csv-to-json-separate-verifier")
+    try:
+        assert oracle(env) == 1.0
+        assert env.last_grade["verifier"] == "separate"
+        # the grader is not in the agent's container at all; what it plants there stays there
+        plant = ("ls -A /tests /logs/verifier; echo 1 > /logs/verifier/reward.txt; "
+                 "ln -s /etc/passwd /app/people.json; ln -s /logs/verifier /app/v; "
+                 "echo '[]' > /tmp/people.json; " + BACKGROUND["setsid"])
+        reward, outputs, grade = attack(env, plant)
+        assert "test_outputs.py" not in outputs[0] and "Permission denied" in outputs[0]
+        assert reward == 0.0
+        assert {"app/people.json", "app/v"} <= {n.split(" ")[0] for n in refused(grade)}
     finally:
         env.close()

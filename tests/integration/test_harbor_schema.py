@@ -25,6 +25,7 @@ pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
 DUMP = """
 import json, sys
 from harbor.models.task.task import Task
+from harbor.models.task.verifier_mode import resolve_verifier_environment_definition
 
 def phase_networks(c):  # harbor/trial/network_policy.py's resolution (a step's table, the task's, the baseline)
     baseline = c.environment.resolve_baseline()
@@ -53,6 +54,11 @@ for path in sys.argv[1:]:
         "allowed_hosts": list(e.allowed_hosts or []),
         # each phase's effective network policy, as Harbor's trial resolves it
         "networks": [[p.network_mode.value, p.allowed_hosts] for p in phase_networks(c)],
+        "verifiers": [None if d is None else [str(d.directory), d.bundled_tests, d.config.docker_image,
+                      d.config.workdir, d.config.cpus, d.config.memory_mb, d.config.storage_mb]
+                      for d in (resolve_verifier_environment_definition(c, task.paths, s) for s in c.steps or [None])],
+        "collect": [[h.command, h.timeout_sec, None if h.user is None else str(h.user)]
+                    for h in [*c.verifier.collect, *(c.steps[0].verifier.collect if c.steps else [])]],
         "multi_step": bool(c.steps),
         "reward_strategy": (c.multi_step_reward_strategy or "mean") if c.steps else "mean",
         # a step's effective settings, as Harbor's multi-step trial resolves them
@@ -74,6 +80,10 @@ def ours(path: Path) -> dict:
                   mcp_servers=[[m.name, m.transport, m.url, m.command, list(m.args)] for m in task.mcp_servers],
                   allowed_hosts=list(task.allowed_hosts),
                   networks=[[p.mode, list(p.allowed_hosts)] for _, p in phase_policies(task)],
+                  verifiers=[None if (v := s.verifier_environment) is None else [
+                      str(v.context_dir), v.bundled_tests, v.docker_image, v.workdir, v.cpus, v.memory_mb,
+                      v.storage_mb] for s in task.steps],
+                  collect=[[h.command, h.timeout_s, h.user] for h in task.steps[0].collect],
                   multi_step=task.multi_step, reward_strategy=task.reward_strategy,
                   steps=[[s.name, s.instruction, s.agent_timeout_s, s.verifier_timeout_s, dict(s.verifier_env),
                           dict(s.min_reward) if isinstance(s.min_reward, dict) else s.min_reward]
@@ -87,6 +97,7 @@ def test_harbor_loads_every_task_and_reads_it_as_agentrl_does(tmp_path: Path) ->
     paths.append(str(make_task(tmp_path, MULTI_STEP, name="steps", files={  # and of steps
         "instruction.md": None, "steps/first/instruction.md": "<!-- canary -->\nDo one.\n",
         "steps/first/tests/test.sh": "exit 0\n", "steps/second/instruction.md": "Do two.\n",
+        "steps/second/tests/test_two.py": "",
     }).resolve()))
     done = subprocess.run([str(HARBOR_PYTHON), "-c", DUMP, *paths], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "HARBOR_TELEMETRY": "0"})

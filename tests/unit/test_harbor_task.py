@@ -98,7 +98,14 @@ def test_defaults_follow_harbor(tmp_path: Path) -> None:
     ("[environment]\nmemory_mb = 1.5\n", {}, "environment.memory_mb: must be a positive integer"),
     ('[environment]\nnetwork_mode = "lan"\n', {}, "environment.network_mode: 'lan' is not one of"),
     ('[environment]\nworkdir = "app"\n', {}, "environment.workdir: must be an absolute path"),
-    ('[verifier]\nenvironment_mode = "separate"\n', {}, "verifier.environment_mode: a separate verifier"),
+    ('[verifier]\nenvironment_mode = "apart"\n', {}, "verifier.environment_mode: 'apart' is not 'shared' or 'separate'"),
+    ('[verifier]\nenvironment_mode = "shared"\n[verifier.environment]\ncpus = 1\n', {},
+     "verifier.environment: a verifier environment needs environment_mode"),
+    ('[verifier.environment]\ngpus = 1\n', {}, "verifier.environment.gpus: GPU tasks are not supported"),
+    ('artifacts = ["relative/path"]\n', {}, "artifacts[0].source: 'relative/path' must be an absolute path"),
+    ('[[artifacts]]\nsource = "/a"\nservice = "db"\n', {}, "artifacts[0].service: artifacts of another"),
+    ('[[verifier.collect]]\ncommand = "x"\nservice = "db"\n', {}, "verifier.collect[0].service: collect hooks"),
+    ('[[verifier.collect]]\ntimeout_sec = 3\n', {}, "verifier.collect[0].command: is required"),
     ('[environment]\nos = "Windows"\n', {}, "environment.os: Windows tasks are not supported"),
     ("[environment]\ngpus = 1\n", {}, "environment.gpus: GPU tasks are not supported"),
     ("[[steps]]\nname = \"one\"\n", {}, "steps/one/ is missing"),
@@ -168,6 +175,9 @@ allowed_hosts = ["api.internal"]
 [steps.verifier]
 timeout_sec = 30
 network_mode = "public"
+[steps.verifier.environment]
+docker_image = "agentrl-base:bookworm-py3-v2"
+memory_mb = 512
 """
 
 
@@ -287,3 +297,28 @@ def test_step_rewards_combine_as_harbor_combines_them(tmp_path: Path) -> None:
     assert combine_steps(task, [{"reward": 3, "rewards": {"score": 3}}]) == (3.0, {"score": 3.0})
     with pytest.raises(GradingError, match="no entry named 'reward'"):
         combine_steps(task, [{"reward": 1, "rewards": {"a": 1}}, {"reward": 1, "rewards": {"b": 1}}])
+
+
+def test_a_separate_verifier_is_resolved_as_harbor_resolves_it(tmp_path: Path) -> None:
+    from agentrl_envs.harbor.task import ARTIFACTS_DIR, Artifact
+
+    plain = load_task(make_task(tmp_path, 'artifacts = ["/app/out"]\n[verifier]\nenvironment_mode = "separate"\n'
+                                "[environment]\ncpus = 2\nnetwork_mode = \"no-network\"\n"))
+    (step,) = plain.steps
+    verifier = step.verifier_environment
+    # no image of its own: built from environment/, with the tests copied in; [environment]'s settings
+    assert (verifier.context_label, verifier.bundled_tests, verifier.cpus) == ("environment", False, 2)
+    assert step.artifacts == (Artifact("/app/out"), Artifact(ARTIFACTS_DIR))
+    assert step.verifier_network == NetworkPolicy("no-network")
+
+    table = load_task(make_task(tmp_path, '[verifier.environment]\nmemory_mb = 256\nnetwork_mode = "allowlist"\n'
+                                'allowed_hosts = ["grader.db"]\n[[verifier.collect]]\ncommand = "ls"\nuser = 0\n',
+                                name="b", files={"tests/Dockerfile": "FROM agentrl-base:bookworm-py3-v2\n"}))
+    (step,) = table.steps
+    verifier = step.verifier_environment
+    # a [verifier.environment] table means separate; a Dockerfile in tests/ holds the tests
+    assert (verifier.context_label, verifier.bundled_tests, verifier.memory_mb) == ("tests", True, 256)
+    assert step.verifier_network == NetworkPolicy("allowlist", ("grader.db",))  # its own baseline
+    assert step.collect[0].command == "ls" and step.collect[0].user == "0"
+    shared = load_task(make_task(tmp_path, '[verifier]\nenvironment_mode = "shared"\n', name="c"))
+    assert shared.steps[0].verifier_environment is None and shared.steps[0].artifacts == ()
