@@ -227,13 +227,31 @@ def remove_dead_owner_containers(
     a process of this machine that no longer runs (``pid_alive(pid)`` is False); returns how
     many. Containers without that label are left alone."""
     removed = 0
-    for container in _list_sandboxes(get_client(docker_host), [OWNER_LABEL]):
+    client = get_client(docker_host)
+    for container in _list_sandboxes(client, [OWNER_LABEL]):
         owner = (container.labels or {}).get(OWNER_LABEL, "")
         if not owner.isdigit() or pid_alive(int(owner)):
             continue
         removed += remove_leftovers({OWNER_LABEL: owner, "agentrl.container": container.name},
                                     docker_host)
+    _remove_dead_owner_networks(client, pid_alive)
     return removed
+
+
+def _remove_dead_owner_networks(client: Any, pid_alive: Callable[[int], bool]) -> None:
+    """Removes the networks made for sandboxes (a Harbor task's compose services) whose owner
+    no longer runs, once their containers are gone."""
+    import docker.errors
+
+    try:
+        networks = client.networks.list(filters={"label": [f"{SANDBOX_LABEL}=1", OWNER_LABEL]})
+    except docker.errors.DockerException:
+        return
+    for network in networks:
+        owner = (network.attrs.get("Labels") or {}).get(OWNER_LABEL, "")
+        if owner.isdigit() and not pid_alive(int(owner)):
+            with contextlib.suppress(docker.errors.DockerException):
+                network.remove()
 
 
 class ExecNotStarted(SandboxError):

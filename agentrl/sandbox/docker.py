@@ -64,7 +64,6 @@ BASE_ENV = {
     "LANG": "C.UTF-8",
     "TMPDIR": "/tmp",
 }
-_BASE_ENV_LIST = [f"{k}={v}" for k, v in BASE_ENV.items()]
 HOST_GRACE_S = 1.0  # the host stops waiting at timeout * 1.05 + this
 SWEEP_TIMEOUT_S = 10.0
 RUNNER_RETRY_S = 5.0  # after the runner failed to start, commands use docker exec this long
@@ -181,6 +180,8 @@ class DockerSandbox(Sandbox):
             sandbox joins (its other containers resolve by name). Only grant it on purpose.
         egress: What the processes may reach on ``network`` (None: all of it); change it
             with :meth:`set_egress`.
+        env: Variables of every command, over the base ones (``PATH``, ``HOME``, ``LANG``,
+            ``TMPDIR``); a command's own ``env`` goes over these.
         workspace_aliases: More absolute container paths where the workspace is mounted too
             (e.g. a task's ``/app``): the same files under another name.
         private_dirs: Container path -> ``"ro"`` or ``"rw"`` (the mount): a fresh, empty host
@@ -204,6 +205,7 @@ class DockerSandbox(Sandbox):
         fast_exec: bool = True,
         network: str = "none",
         egress: Egress | None = None,
+        env: Mapping[str, str] | None = None,
         workspace_aliases: Sequence[str] = (),
         private_dirs: Mapping[str, str] | None = None,
     ) -> None:
@@ -221,6 +223,11 @@ class DockerSandbox(Sandbox):
                 raise ValueError(f"private_dirs modes are 'ro' or 'rw', not {mode!r}")
         self.network = network
         self.egress = egress
+        for key, value in (env or {}).items():
+            if not key or "=" in key or "\0" in key or "\0" in str(value):
+                raise ValueError(f"invalid environment variable {key!r}")
+        self.env = {**BASE_ENV, **(env or {})}
+        self._env_list = [f"{k}={v}" for k, v in self.env.items()]
         self.workspace_aliases = tuple(workspace_aliases)
         self.private_dirs = dict(private_dirs or {})
         self._private_hosts: dict[str, str] = {}
@@ -277,7 +284,7 @@ class DockerSandbox(Sandbox):
             ) if self.private_dirs else {}
             self._container = await asyncio.to_thread(
                 run_container, self._client, self.image, limits=self.limits, cpus=self.cpus,
-                workspace=self.workspace, user=self._keeper_uid, env=BASE_ENV,
+                workspace=self.workspace, user=self._keeper_uid, env=self.env,
                 labels={OWNER_LABEL: str(os.getpid()), **self.labels,
                         "agentrl.backend": self.backend},
                 network=self.network, workspace_aliases=self.workspace_aliases,
@@ -381,7 +388,7 @@ class DockerSandbox(Sandbox):
                 if runner is not None:
                     try:
                         result = await runner.run(
-                            wrapped, [*_BASE_ENV_LIST, *environment], cwd, stdin, bound,
+                            wrapped, [*self._env_list, *environment], cwd, stdin, bound,
                             self.limits.output_bytes,
                         )
                     except RunnerGone as gone:
@@ -578,6 +585,31 @@ class DockerSandbox(Sandbox):
         if path not in self._private_hosts:
             raise SandboxError(f"{path!r} is not one of this sandbox's private_dirs {sorted(self.private_dirs)}")
         return self._private_hosts[path]
+
+    async def join_network(self, network: str, aliases: Sequence[str] = ()) -> None:
+        """Moves a sandbox started without network (``network="none"``) onto the Docker
+        ``network``, where the other containers reach it by ``aliases``; it stays there across
+        restarts. Use it for a network that exists only for one episode (a pool's sandboxes
+        are made before it).
+
+        Raises:
+            SandboxError: The sandbox already has a network, or Docker refused.
+        """
+        import docker.errors
+
+        self._check()
+        if self.network != "none":
+            raise SandboxError(f"the sandbox is already on the network {self.network!r}")
+
+        def move() -> None:
+            self._client.networks.get("none").disconnect(self._container)
+            self._client.networks.get(network).connect(self._container, aliases=list(aliases))
+
+        try:
+            await asyncio.to_thread(move)
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"cannot move the sandbox onto the network {network!r}: {exc}") from exc
+        self.network = network
 
     async def read_archive(self, path: str, max_bytes: int) -> bytes | None:
         """A tar archive of the container path ``path`` (a file or a folder, read through the

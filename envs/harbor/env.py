@@ -19,11 +19,14 @@ from agentrl.sandbox import WORKSPACE, Limits, Sandbox, create_sandbox
 from agentrl.sandbox.egress import Egress
 from agentrl.tools import Tool, Toolbox, ToolCall
 from agentrl.tools.mcp import McpServer
+from agentrl_envs.harbor.compose import ComposeError, ComposeProject, owner_labels
 from agentrl_envs.harbor.images import (
     SEED_DIR,
     TaskImage,
+    ensure_image_present,
     ensure_task_image,
     image_tag,
+    service_image,
     verifier_image,
 )
 from agentrl_envs.harbor.network import GRANTS, NetworkPlan, egress_of, plan_network
@@ -201,6 +204,7 @@ class HarborEnv(SandboxedToolEnv):
         self._task_mcp = {task.name: mcp_servers_of(task) for task in self.tasks.values()}
         self._base_tools = tuple(self.toolbox)
         self._images: dict[str, TaskImage] = {}
+        self._services: ComposeProject | None = None
         self.last_grade: dict[str, Any] | None = None
 
     # -- tasks -------------------------------------------------------------------------------
@@ -241,8 +245,14 @@ class HarborEnv(SandboxedToolEnv):
             return None
         from agentrl.sandbox.docker import get_client
 
+        network = plan.network
+        if harbor.compose is not None:  # the services' network; no-network there reaches them all
+            assert self._services is not None
+            network = self._services.network_name
+            if policy.mode == "no-network":
+                policy = NetworkPolicy("public")
         client = await asyncio.to_thread(get_client, self.docker_host)
-        return await asyncio.to_thread(egress_of, policy, client, plan.network)
+        return await asyncio.to_thread(egress_of, policy, client, network)
 
     # -- episode -----------------------------------------------------------------------------
 
@@ -261,13 +271,56 @@ class HarborEnv(SandboxedToolEnv):
         return self._images[task.name]
 
     async def setup_episode(self, task: Mapping[str, Any]) -> None:
-        """Builds the task's image when needed, then acquires and fills its sandbox; the
-        episode's tools are the env's plus those of the task's own MCP servers."""
+        """Builds the task's image when needed, starts its compose services (if any), then
+        acquires and fills its sandbox; the episode's tools are the env's plus those of the
+        task's own MCP servers."""
         harbor = self.harbor_task(task)
         self.toolbox = Toolbox(self._base_tools)
         self.mcp_servers = self._task_mcp[harbor.name]
         await self.task_image(harbor)
-        await super().setup_episode(task)
+        if harbor.compose is not None:
+            self._services = await self._start_services(harbor)
+        try:
+            await super().setup_episode(task)
+        except BaseException:
+            await self._stop_services()
+            raise
+
+    async def teardown_episode(self) -> None:
+        """Releases the sandbox, then removes the episode's compose services."""
+        try:
+            await super().teardown_episode()
+        finally:
+            await self._stop_services()
+
+    async def _start_services(self, harbor: HarborTask) -> ComposeProject:
+        """Builds (offline) or finds the images of ``harbor``'s compose services and starts
+        them on a private network (see :mod:`agentrl_envs.harbor.compose`)."""
+        from agentrl.sandbox.docker import get_client
+        from agentrl.sandbox.pool import note_sandbox_made
+
+        assert harbor.compose is not None
+        client = await asyncio.to_thread(get_client, self.docker_host)
+        images = {}
+        for service in harbor.compose.services:
+            source = service_image(harbor, service)
+            if service.build_context is not None:
+                images[service.name] = (await ensure_task_image(client, source)).tag
+            else:
+                await asyncio.to_thread(ensure_image_present, client, source)
+                images[service.name] = service.image
+        note_sandbox_made("docker", self.docker_host)  # a killed run's services are reclaimed
+        project = ComposeProject(client, harbor.compose, images, owner_labels())
+        try:
+            await project.start()
+        except ComposeError as exc:
+            raise HarborTaskError(f"Harbor task {harbor.path}: environment/{exc}") from None
+        return project
+
+    async def _stop_services(self) -> None:
+        services, self._services = self._services, None
+        if services is not None:
+            await services.close()
 
     def limits_for(self, task: Mapping[str, Any]) -> Limits:
         """``self.limits`` with the task's ``memory_mb`` and ``storage_mb``."""
@@ -287,8 +340,11 @@ class HarborEnv(SandboxedToolEnv):
                              **({ARTIFACTS_DIR: "rw"} if _separate(harbor) else {})},
             "network": self.network_plan(harbor).network, "cpus": float(harbor.cpus or 1.0),
         }
-        if self.network_plan(harbor).per_phase:  # nothing reachable until a phase says what is
-            options["egress"] = Egress.nothing()
+        variables = {**harbor.env, **(harbor.compose.main_environment if harbor.compose else {})}
+        if variables:
+            options["env"] = variables
+        if self.network_plan(harbor).per_phase and harbor.compose is None:
+            options["egress"] = Egress.nothing()  # nothing reachable until a phase says what is
         if self.docker_host:
             options["docker_host"] = self.docker_host
         return {**options, **self.sandbox_options}
@@ -296,6 +352,8 @@ class HarborEnv(SandboxedToolEnv):
     async def prepare_sandbox(self, sandbox: Sandbox, task: Mapping[str, Any]) -> None:
         """Copies the image's working directory into the workspace, then opens the first step."""
         harbor = self.harbor_task(task)
+        if self._services is not None:  # main joins its services' network
+            await sandbox.join_network(self._services.network_name, aliases=["main"])  # type: ignore[attr-defined]
         if _separate(harbor):  # /logs/artifacts is the agent's to write
             host = sandbox.host_dir(ARTIFACTS_DIR)  # type: ignore[attr-defined]
             if os.geteuid() == 0:
@@ -492,6 +550,9 @@ class HarborEnv(SandboxedToolEnv):
     def _network_words(self, harbor: HarborTask) -> str:
         """What the prompt says of the first step's agent network."""
         policy = harbor.steps[0].agent_network
+        if harbor.compose is not None and self.network != "offline":
+            names = ", ".join(s.name for s in harbor.compose.services)
+            return f"no network beyond the task's services, reached by name: {names}"
         if self.network_plan(harbor).network == "none" or policy.mode == "no-network":
             return "no network"
         if policy.mode == "public":

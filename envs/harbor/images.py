@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.sandbox.images import DEFAULT_IMAGE
+from agentrl_envs.harbor.compose import Service
 from agentrl_envs.harbor.task import HarborTask, HarborTaskError, VerifierEnvironment
 
 SEED_DIR = "/.agentrl-seed"
@@ -55,7 +56,11 @@ class ImageSource:
         docker_image: A local image instead of the Dockerfile.
         workdir: The working directory (None: the image's WORKDIR).
         build_timeout_s: The build's time limit.
-        role: ``""`` for the agent's image, ``"verifier"`` for a separate verifier's.
+        role: ``""`` for the agent's image, ``"verifier"`` for a separate verifier's,
+            ``"service-<name>"`` for a compose service's.
+        dockerfile: The Dockerfile's name in ``context_dir``.
+        seed: Whether agentrl's seed layer is added (not to a compose service's image, which
+            keeps its own user and working directory).
     """
 
     task: HarborTask
@@ -65,6 +70,8 @@ class ImageSource:
     workdir: str | None
     build_timeout_s: float
     role: str = ""
+    dockerfile: str = "Dockerfile"
+    seed: bool = True
 
 
 def agent_image(task: HarborTask) -> ImageSource:
@@ -77,6 +84,14 @@ def verifier_image(task: HarborTask, verifier: VerifierEnvironment) -> ImageSour
     """The source of the image a separate verifier of ``task`` runs in."""
     return ImageSource(task, verifier.context_dir, verifier.context_label, verifier.docker_image,
                        verifier.workdir, verifier.build_timeout_s, "verifier")
+
+
+def service_image(task: HarborTask, service: Service) -> ImageSource:
+    """The source of a compose service's image (``build:`` or ``image:``)."""
+    context = service.build_context or task.environment_dir
+    label = f"environment/{context.relative_to(task.environment_dir).as_posix()}".rstrip("/.")
+    return ImageSource(task, context, label or "environment", service.image, None,
+                       task.build_timeout_s, f"service-{service.name}", service.dockerfile, seed=False)
 
 
 def _source(image: HarborTask | ImageSource) -> ImageSource:
@@ -100,7 +115,7 @@ def environment_hash(image: HarborTask | ImageSource, base_image: str | None = N
     digest = hashlib.sha256(f"{RECIPE}\0{base_image or ''}\0{source.docker_image or ''}\0"
                             f"{source.workdir or ''}\0".encode())
     if source.role:
-        digest.update(f"{source.role}\0".encode())
+        digest.update(f"{source.role}\0{source.dockerfile}\0{source.seed}\0".encode())
     env_dir = source.context_dir
     if env_dir.is_dir():
         for path in sorted(p for p in env_dir.rglob("*") if p.is_file() or p.is_symlink()):
@@ -153,17 +168,32 @@ def _ensure_present(client: Any, task: HarborTask, where: str, image: str) -> No
         raise _missing_image_error(task, where, image) from None
 
 
+def ensure_image_present(client: Any, source: ImageSource) -> None:
+    """Checks that the local image a source names (``docker_image`` / ``image:``) is on the
+    daemon (agentrl's base image is built when missing).
+
+    Raises:
+        HarborImageError: It is not, with how to provide it.
+    """
+    assert source.docker_image is not None
+    where = (f"environment/docker-compose.yaml: services.{source.role[8:]}.image"
+             if source.role.startswith("service-") else "task.toml: environment.docker_image")
+    _ensure_present(client, source.task, where, source.docker_image)
+
+
 def _dockerfile(client: Any, source: ImageSource, base_image: str | None) -> str:
     """The source's Dockerfile with external ``FROM`` images checked (or re-based) and
     agentrl's seed layer appended."""
     task, where = source.task, source.context_label
     if source.docker_image is not None:
         image = base_image or source.docker_image
-        table = "verifier.environment" if source.role else "environment"
-        _ensure_present(client, task, f"task.toml: {table}.docker_image", image)
+        table = "verifier.environment" if source.role == "verifier" else "environment"
+        where = (f"environment/docker-compose.yaml: services.{source.role[8:]}.image"
+                 if source.role.startswith("service-") else f"task.toml: {table}.docker_image")
+        _ensure_present(client, task, where, image)
         text = f"FROM {image}\n"
     else:
-        text = (source.context_dir / "Dockerfile").read_text(encoding="utf-8")
+        text = (source.context_dir / source.dockerfile).read_text(encoding="utf-8")
         lines = text.splitlines()
         stages: set[str] = set()
         for number, image, stage in from_lines(text):
@@ -182,6 +212,8 @@ def _dockerfile(client: Any, source: ImageSource, base_image: str | None) -> str
         if not stages and not from_lines(text):
             raise HarborImageError(f"Harbor task {task.path}: {where}/Dockerfile has no FROM line")
         text = "\n".join(lines) + "\n"
+    if not source.seed:
+        return text + f"LABEL agentrl.harbor.task={_label(task.name)}\n"
     workdir = f'"{source.workdir}"' if source.workdir else '"$PWD"'
     return text + (
         "USER root\n"

@@ -61,6 +61,24 @@ def plan_network(task: HarborTask, grant: str, egress_network: str) -> NetworkPl
     phases = phase_policies(task)
     if grant == "offline" or all(p.mode == "no-network" for _, p in phases):
         return NetworkPlan()
+    if task.compose is not None:
+        # the task's services share a private network with no way out: a no-network phase
+        # reaches all of them, an allowlist only those it names, and nothing else is granted
+        services = {"main", *(s.name for s in task.compose.services)}
+        for phase, policy in phases:
+            outside = [h for h in policy.allowed_hosts if h not in services]
+            if policy.mode == "public" or outside:
+                raise HarborTaskError(
+                    f"Harbor task {task.path}: task.toml: {phase}.network_mode: a compose task's "
+                    "containers share a private network with no way out, where a phase reaches "
+                    f"the task's services ({', '.join(sorted(services))}); agentrl does not grant "
+                    f"more beside it ({'public' if policy.mode == 'public' else outside[0]!r}); "
+                    "or pass --env-kwarg network=offline")
+        per_phase = any(p.mode == "allowlist" for _, p in phases)
+        if per_phase and (reason := egress_unsupported()) is not None:
+            raise HarborTaskError(f"Harbor task {task.path}: an allowlist among its services needs "
+                                  f"per-phase rules, and {reason}; or pass --env-kwarg network=offline")
+        return NetworkPlan("none", per_phase)
     for phase, policy in phases:
         if policy.mode == "public" and grant != "public":
             asked = ("no network_mode, and Harbor's default is 'public'"

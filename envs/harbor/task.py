@@ -5,6 +5,7 @@ A task directory holds::
     task.toml              the configuration (schema 1.x, see HarborTask for what is read)
     instruction.md         the prompt
     environment/Dockerfile the image (or [environment].docker_image: a local image)
+    environment/docker-compose.yaml   more services beside the agent's ``main`` (optional)
     tests/test.sh          the verifier; writes /logs/verifier/reward.txt or reward.json
     solution/solve.sh      the oracle (optional)
 
@@ -20,8 +21,8 @@ A multi-step task (``[[steps]]`` in task.toml) has a folder per step instead of 
 
 The ``harbor`` package itself needs Python >= 3.12, so this module reads the documented schema
 itself; ``tests/integration/test_harbor_schema.py`` loads every shipped task with Harbor's own
-``Task`` model as a cross-check. What agentrl cannot honour (docker-compose environments,
-Windows, GPUs) is refused with an error naming the task
+``Task`` model as a cross-check. What agentrl cannot honour (Windows, GPUs, compose features
+outside :mod:`agentrl_envs.harbor.compose`'s subset) is refused with an error naming the task
 and the field, never ignored.
 """
 
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import DataError
+from agentrl_envs.harbor.compose import ComposeError, ComposeSpec, compose_file, read_compose
 
 SHIPPED_TASKS = Path(__file__).parent / "tasks"
 """The folder of Harbor tasks written for agentrl (``harbor-v0``'s default ``path``)."""
@@ -239,6 +241,8 @@ class HarborTask:
         metadata: ``[metadata]``.
         steps: The steps, in order (one for a single-step task; see :class:`HarborStep`).
         multi_step: Whether task.toml has ``[[steps]]``.
+        compose: ``environment/docker-compose.yaml``: the services beside ``main`` (see
+            :mod:`agentrl_envs.harbor.compose`); None: one container.
         reward_strategy: ``multi_step_reward_strategy``: ``mean`` (Harbor's default: per
             entry, the mean over the steps that were graded, an entry a step lacks counting 0)
             or ``final`` (the last graded step's entries).
@@ -269,6 +273,7 @@ class HarborTask:
     steps: tuple[HarborStep, ...] = ()
     multi_step: bool = False
     reward_strategy: str = "mean"
+    compose: ComposeSpec | None = None
 
     @property
     def environment_dir(self) -> Path:
@@ -375,14 +380,15 @@ def load_task(task_dir: str | Path) -> HarborTask:
     settings = _environment(environment)
     baseline = settings.network
     docker_image, workdir = settings.docker_image, settings.workdir
-    if docker_image is None:
-        env_dir = path / "environment"
-        if (env_dir / "docker-compose.yaml").is_file() or (env_dir / "docker-compose.yml").is_file():
-            raise HarborTaskError(f"Harbor task {path}: environment/docker-compose.yaml: multi-"
-                                  "container environments are not supported; give one Dockerfile")
-        if not (env_dir / "Dockerfile").is_file():
-            raise HarborTaskError(f"Harbor task {path}: environment/Dockerfile is missing (or set "
-                                  "[environment].docker_image to a local image)")
+    compose = None
+    if (file := compose_file(path / "environment")) is not None:
+        try:
+            compose = read_compose(file)
+        except ComposeError as exc:
+            raise HarborTaskError(f"Harbor task {path}: environment/{exc}") from None
+    if docker_image is None and not (path / "environment" / "Dockerfile").is_file():
+        raise HarborTaskError(f"Harbor task {path}: environment/Dockerfile is missing (or set "
+                              "[environment].docker_image to a local image)")
     task_artifacts = _artifacts(root)
     separate = _verifier_environment(path, settings, verifier)
     whole_task = HarborStep(
@@ -422,14 +428,26 @@ def load_task(task_dir: str | Path) -> HarborTask:
         network_mode_set=settings.network_set,
         allowed_hosts=baseline.allowed_hosts,
         workdir=workdir,
-        env=environment.strings("env"),
+        env=_literal_env(environment),
         solution_env=root.sub("solution").strings("env"),
         mcp_servers=_mcp_servers(environment),
         metadata=dict(root.sub("metadata").table),
         steps=steps,
         multi_step=bool(raw_steps),
         reward_strategy=strategy,
+        compose=compose,
     )
+
+
+def _literal_env(environment: _Reader) -> dict[str, str]:
+    """``[environment].env``: the variables of the agent's container. A ``${VAR}`` value would
+    read a variable of this machine into the task, which agentrl never does."""
+    env = environment.strings("env")
+    for key, value in env.items():
+        if "${" in value:
+            raise environment.fail(f"env.{key}", f"{value!r} reads a variable of this machine; agentrl "
+                                   "passes nothing of the host into a task: write the value itself")
+    return env
 
 
 def _instruction(file: Path, task_dir: Path, shown: str) -> str:

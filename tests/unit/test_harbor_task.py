@@ -133,7 +133,27 @@ def test_defaults_follow_harbor(tmp_path: Path) -> None:
     ("", {"instruction.md": None}, "instruction.md is missing"),
     ("", {"tests/test.sh": None, "tests/other": "x"}, "tests/test.sh is missing"),
     ("", {"environment/Dockerfile": None, "environment/x": ""}, "environment/Dockerfile is missing"),
-    ("", {"environment/docker-compose.yaml": "services: {}\n"}, "docker-compose.yaml: multi-container"),
+    ("", {"environment/docker-compose.yaml": "services: {}\n"},
+     "environment/docker-compose.yaml: needs a 'services' mapping"),
+    ("", {"environment/docker-compose.yaml": "services:\n  db:\n    image: x\n"},
+     "docker-compose.yaml: services: the agent's service must be named 'main'"),
+    ("", {"environment/docker-compose.yaml": "services:\n  main: {}\n  db:\n    image: x\n    privileged: true\n"},
+     "services.db.privileged: extra privileges are not granted"),
+    ("", {"environment/docker-compose.yaml": "services:\n  main: {}\n  db:\n    image: x\n    volumes: [/:/host]\n"},
+     "services.db.volumes: volumes and host binds are not supported"),
+    ("", {"environment/docker-compose.yaml": "services:\n  main: {}\n  db:\n    image: x\n    ports: ['80:80']\n"},
+     "services.db.ports: no port is published on the host"),
+    ("", {"environment/docker-compose.yaml": "services:\n  main:\n    image: other\n"},
+     "services.main.image: main is agentrl's sandbox"),
+    ("", {"environment/docker-compose.yaml": "services:\n  main: {}\n  db:\n    image: pg\n"
+          "    environment: [\"PASSWORD=${SECRET}\"]\n"}, "services.db: variable interpolation"),
+    ("", {"environment/docker-compose.yaml": "services:\n  main:\n    depends_on: [db]\n  db:\n    image: x\n"
+          "    depends_on: [api]\n  api:\n    image: x\n    depends_on:\n      db: {condition: service_healthy}\n"},
+     "depends_on has a cycle: db -> api -> db"),
+    ("", {"environment/docker-compose.yaml": "services:\n  main: {}\n  db:\n    build: ../..\n"},
+     "services.db.build: '../..' leaves environment/"),
+    ("", {"environment/docker-compose.yaml": "services:\n  main: {}\n  db:\n    image: x\n"
+          "    healthcheck: {test: [CMD, echo], interval: soon}\n"}, "healthcheck.interval: 'soon' is not a duration"),
     ("", {"instruction.md": "<!-- canary -->\n\n"}, "instruction.md is empty"),
 ])
 def test_bad_tasks_name_task_file_and_field(tmp_path: Path, toml: str, files: dict[str, str | None], expected: str) -> None:
@@ -322,3 +342,42 @@ def test_a_separate_verifier_is_resolved_as_harbor_resolves_it(tmp_path: Path) -
     assert step.collect[0].command == "ls" and step.collect[0].user == "0"
     shared = load_task(make_task(tmp_path, '[verifier]\nenvironment_mode = "shared"\n', name="c"))
     assert shared.steps[0].verifier_environment is None and shared.steps[0].artifacts == ()
+
+
+def test_a_compose_file_is_read(tmp_path: Path) -> None:
+    compose = """\
+services:
+  main:
+    build: .
+    environment: {API_URL: "http://api:8000", DEBUG: true}
+    depends_on:
+      api: {condition: service_healthy}
+  api:
+    build: {context: api, dockerfile: Dockerfile.api}
+    command: ["python3", "-m", "http.server", "8000"]
+    environment: [MODE=test, COST=$$5]
+    healthcheck:
+      test: python3 -c 'print(1)'
+      interval: 1s
+      timeout: 1m30s
+      retries: 3
+    depends_on: [seed]
+  seed:
+    image: agentrl-base:bookworm-py3-v2
+    command: "true"
+"""
+    task = load_task(make_task(tmp_path, files={"environment/docker-compose.yaml": compose,
+                                                "environment/api/Dockerfile.api": "FROM agentrl-base:bookworm-py3-v2\n"}))
+    spec = task.compose
+    assert dict(spec.main_environment) == {"API_URL": "http://api:8000", "DEBUG": "true"}
+    assert dict(spec.main_depends_on) == {"api": "service_healthy"}
+    api, seed = spec.services
+    assert (api.build_context, api.dockerfile, api.image) == (task.environment_dir / "api", "Dockerfile.api", None)
+    assert dict(api.environment) == {"MODE": "test", "COST": "$5"}  # $$ is a literal $
+    assert api.healthcheck == {"test": ["CMD-SHELL", "python3 -c 'print(1)'"], "interval": 1_000_000_000,
+                               "timeout": 90_000_000_000, "retries": 3}
+    assert (dict(api.depends_on), seed.image, seed.command) == ({"seed": "service_started"},
+                                                                "agentrl-base:bookworm-py3-v2", "true")
+    from agentrl_envs.harbor.compose import start_order
+
+    assert [s.name for s in start_order(spec)] == ["seed", "api"]
