@@ -396,13 +396,15 @@ class HarborEnv(SandboxedToolEnv):
 
     def make_prompt(self, task: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The system message (working directory, tools) and ``instruction.md``."""
-        workdir = self._images.get(task["id"])
         lines = "\n".join(_TOOL_LINES.get(name, f"- {name}") for name in self.toolbox.names)
         harbor = self.harbor_task(task)
+        # before the image is built (a data source asks for prompts first) task.toml's workdir
+        # is all there is; the image's WORKDIR once it is
+        image = self._images.get(harbor.name)
+        workdir = image.workdir if image else harbor.workdir or WORKSPACE
         steps = STEPS_LINE.format(count=len(harbor.steps)) if harbor.multi_step else ""
-        system = SYSTEM_PROMPT.format(
-            workdir=workdir.workdir if workdir and workdir.workdir != "/" else WORKSPACE,
-            tools=lines, steps=steps, network=self._network_words(harbor))
+        system = SYSTEM_PROMPT.format(workdir=workdir if workdir != "/" else WORKSPACE,
+                                      tools=lines, steps=steps, network=self._network_words(harbor))
         return [{"role": "system", "content": system},
                 {"role": "user", "content": harbor.instruction}]
 

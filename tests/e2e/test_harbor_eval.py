@@ -45,3 +45,24 @@ def test_train_py_on_harbor_tasks(tmp_path: Path) -> None:
     metrics = json.loads((out / "metrics.jsonl").read_text())
     assert metrics["rollout/samples"] == 4 and metrics["rollout/failed"] == 0
     assert "train/grad_norm" in metrics and metrics["time/train_s"] > 0
+
+
+NEW_KINDS = ("inventory-restock-steps", "csv-to-json-separate-verifier", "stock-report-from-api-service")
+
+
+def test_train_py_on_each_harbor_1_4_kind(tmp_path: Path) -> None:
+    # a multi-step task, a separate verifier, a compose environment with an allowlist: one
+    # rollout plays each of them twice
+    import shutil
+
+    for name in NEW_KINDS:
+        shutil.copytree(SHIPPED_TASKS / name, tmp_path / "tasks" / name)
+    out = tmp_path / "run"
+    done = run(str(REPO / "train.py"), "--env", "harbor", "--env-kwarg", f"path={tmp_path / 'tasks'}",
+               "--max-turns", "2", "--rollout-batch-size", "3", "--n-samples-per-prompt", "2",
+               "--rollout-max-response-len", "16", "--num-rollout", "1", "--output-dir", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((out / "metrics.jsonl").read_text())
+    assert metrics["rollout/samples"] == 6 and metrics["rollout/failed"] == 0
+    played = [json.loads(line)["metadata"]["task_id"] for line in (out / "trajectories" / "rollout_00000.jsonl").read_text().splitlines()]
+    assert sorted(played) == sorted(f"agentrl/{name}" for name in NEW_KINDS for _ in range(2))
