@@ -36,6 +36,7 @@ from agentrl_envs.harbor.task import (
     HarborStep,
     HarborTask,
     HarborTaskError,
+    Healthcheck,
     NetworkPolicy,
     load_tasks,
 )
@@ -365,6 +366,7 @@ class HarborEnv(SandboxedToolEnv):
         if result.exit_code != 0:
             raise HarborTaskError(f"Harbor task {task['id']}: cannot copy the working directory "
                                   f"into the workspace: {(result.stderr or result.stdout)[-500:]}")
+        await self._run_healthcheck(sandbox, harbor, harbor.healthcheck, "environment.healthcheck")
         await self._open_step(sandbox, harbor, 0)
 
     async def _open_step(self, sandbox: Sandbox, harbor: HarborTask, index: int) -> None:
@@ -385,9 +387,38 @@ class HarborEnv(SandboxedToolEnv):
                 raise HarborTaskError(
                     f"Harbor task {harbor.name}: steps/{step.name}/workdir/setup.sh exited with "
                     f"{result.exit_code}: {(result.stderr or result.stdout)[-500:]}")
+        await self._run_healthcheck(sandbox, harbor, step.healthcheck, f"steps[{index}].healthcheck")
         await self._enter_phase(harbor, step.agent_network)
         self.state.data["harbor.step"] = index
         self.state.data["harbor.started"] = time.monotonic()
+
+    async def _run_healthcheck(self, sandbox: Sandbox, harbor: HarborTask, check: Healthcheck | None,
+                               field: str) -> None:
+        """Runs a task.toml healthcheck in the agent's container, as the agent's uid, as Docker
+        runs a HEALTHCHECK (see :class:`~agentrl_envs.harbor.task.Healthcheck`).
+
+        Raises:
+            HarborTaskError: It failed ``retries`` times in a row after its start period.
+        """
+        if check is None:
+            return
+        start_period_ends = time.monotonic() + check.start_period_s
+        failures = 0
+        while True:
+            result = await sandbox.exec(["bash", "-c", check.command], timeout=check.timeout_s,
+                                        cwd=self._workdir(harbor))
+            if result.exit_code == 0:
+                return
+            if time.monotonic() < start_period_ends:
+                await asyncio.sleep(check.start_interval_s)
+                continue
+            failures += 1
+            if failures >= check.retries:
+                raise HarborTaskError(
+                    f"Harbor task {harbor.name}: task.toml: {field}: {check.command!r} failed "
+                    f"{check.retries} times in a row (exit {result.exit_code}): "
+                    f"{(result.stderr or result.stdout)[-500:]}")
+            await asyncio.sleep(check.interval_s)
 
     def _workdir(self, harbor: HarborTask) -> str:
         """The container's working directory of ``harbor``'s episodes (the workspace)."""

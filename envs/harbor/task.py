@@ -148,6 +148,21 @@ class VerifierEnvironment:
 
 
 @dataclasses.dataclass(frozen=True)
+class Healthcheck:
+    """A readiness check (``[environment].healthcheck`` or a step's ``healthcheck``), run as
+    Docker runs a HEALTHCHECK: ``command`` (exit 0: ready) every ``interval_s``, each within
+    ``timeout_s``; failures in the first ``start_period_s`` (checked every
+    ``start_interval_s``) do not count; ``retries`` consecutive failures after it fail."""
+
+    command: str
+    interval_s: float = 5.0
+    timeout_s: float = 30.0
+    start_period_s: float = 0.0
+    start_interval_s: float = 5.0
+    retries: int = 3
+
+
+@dataclasses.dataclass(frozen=True)
 class HarborStep:
     """One step of a task: what the agent is asked, what grades it, what the oracle runs.
 
@@ -179,6 +194,7 @@ class HarborStep:
         artifacts: What a separate verifier receives: the task's ``artifacts``, the step's,
             then ``/logs/artifacts``.
         collect: ``[[verifier.collect]]`` of the task, then of the step.
+        healthcheck: The step's ``healthcheck``, run after its ``setup.sh``.
     """
 
     name: str
@@ -195,6 +211,7 @@ class HarborStep:
     verifier_environment: VerifierEnvironment | None = None
     artifacts: tuple[Artifact, ...] = ()
     collect: tuple[CollectHook, ...] = ()
+    healthcheck: Healthcheck | None = None
 
     @property
     def has_solution(self) -> bool:
@@ -241,6 +258,8 @@ class HarborTask:
         metadata: ``[metadata]``.
         steps: The steps, in order (one for a single-step task; see :class:`HarborStep`).
         multi_step: Whether task.toml has ``[[steps]]``.
+        healthcheck: ``[environment].healthcheck``: run in the agent's container once it is
+            filled, before the first step.
         compose: ``environment/docker-compose.yaml``: the services beside ``main`` (see
             :mod:`agentrl_envs.harbor.compose`); None: one container.
         reward_strategy: ``multi_step_reward_strategy``: ``mean`` (Harbor's default: per
@@ -274,6 +293,7 @@ class HarborTask:
     multi_step: bool = False
     reward_strategy: str = "mean"
     compose: ComposeSpec | None = None
+    healthcheck: Healthcheck | None = None
 
     @property
     def environment_dir(self) -> Path:
@@ -436,6 +456,7 @@ def load_task(task_dir: str | Path) -> HarborTask:
         multi_step=bool(raw_steps),
         reward_strategy=strategy,
         compose=compose,
+        healthcheck=_healthcheck(environment),
     )
 
 
@@ -514,6 +535,7 @@ def _steps(path: Path, root: _Reader, tables: list[dict[str, Any]], whole_task: 
             verifier_environment=separate,
             artifacts=artifacts,
             collect=(*whole_task.collect, *_collect(verifier)),
+            healthcheck=_healthcheck(item),
         ))
     return tuple(steps)
 
@@ -629,6 +651,24 @@ def _artifacts(table: _Reader) -> tuple[Artifact, ...]:
             raise item.fail("exclude", "must be an array of patterns")
         out.append(Artifact(source.rstrip("/") or "/", tuple(exclude)))
     return tuple(out)
+
+
+def _healthcheck(table: _Reader) -> Healthcheck | None:
+    """The ``healthcheck`` table of ``[environment]`` or of a step."""
+    if "healthcheck" not in table.table:
+        return None
+    check = table.sub("healthcheck")
+    command = check.string("command")
+    if not command:
+        raise check.fail("command", "is required (a shell command; exit 0 means ready)")
+    retries = check.table.get("retries", 3)
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 1:
+        raise check.fail("retries", f"must be a positive integer, not {retries!r}")
+    start = check.table.get("start_period_sec", 0.0)
+    if isinstance(start, bool) or not isinstance(start, (int, float)) or start < 0:
+        raise check.fail("start_period_sec", f"must be a number >= 0, not {start!r}")
+    return Healthcheck(command, float(check.number("interval_sec", 5.0)), float(check.number("timeout_sec", 30.0)),
+                       float(start), float(check.number("start_interval_sec", 5.0)), retries)
 
 
 def _collect(verifier: _Reader) -> tuple[CollectHook, ...]:

@@ -474,3 +474,28 @@ def test_each_phase_reaches_only_its_own_allowed_hosts(tasks: Path, egress_netwo
         assert "network access only to " + agent_host in env.messages[0]["content"]
     finally:
         env.close()
+
+
+def test_the_environment_healthcheck_is_waited_for_and_a_failing_one_is_named(tasks: Path) -> None:
+    ready = write_task(tasks, "healthy")
+    # fails until its second run (it leaves a mark on the first), as a slow start would
+    toml = (ready / "task.toml").read_text() + (
+        '[environment.healthcheck]\ncommand = "test -f /app/.up || { touch /app/.up; false; }"\n'
+        "interval_sec = 0.1\nretries = 3\n")
+    (ready / "task.toml").write_text(toml)
+    env = HarborEnv(path=ready)
+    try:
+        _, outputs, _ = play(env, [bash("ls -A /app"), SUBMIT])
+        assert ".up" in outputs[0]
+    finally:
+        env.close()
+    broken = write_task(tasks, "unhealthy")
+    (broken / "task.toml").write_text((broken / "task.toml").read_text() + (
+        '[environment.healthcheck]\ncommand = "echo not yet >&2; false"\ninterval_sec = 0.1\nretries = 2\n'))
+    env = HarborEnv(path=broken)
+    try:
+        with pytest.raises(HarborTaskError, match=r"environment.healthcheck: 'echo not yet >&2; false' failed 2 "
+                                                  r"times in a row \(exit 1\): not yet"):
+            play(env, [SUBMIT])
+    finally:
+        env.close()

@@ -59,6 +59,9 @@ for path in sys.argv[1:]:
                       for d in (resolve_verifier_environment_definition(c, task.paths, s) for s in c.steps or [None])],
         "collect": [[h.command, h.timeout_sec, None if h.user is None else str(h.user)]
                     for h in [*c.verifier.collect, *(c.steps[0].verifier.collect if c.steps else [])]],
+        "healthchecks": [None if h is None else [h.command, h.interval_sec, h.timeout_sec, h.start_period_sec,
+                                                h.start_interval_sec, h.retries]
+                         for h in [e.healthcheck, *(s.healthcheck for s in c.steps or [])]],
         "multi_step": bool(c.steps),
         "reward_strategy": (c.multi_step_reward_strategy or "mean") if c.steps else "mean",
         # a step's effective settings, as Harbor's multi-step trial resolves them
@@ -84,6 +87,9 @@ def ours(path: Path) -> dict:
                       str(v.context_dir), v.bundled_tests, v.docker_image, v.workdir, v.cpus, v.memory_mb,
                       v.storage_mb] for s in task.steps],
                   collect=[[h.command, h.timeout_s, h.user] for h in task.steps[0].collect],
+                  healthchecks=[None if h is None else [h.command, h.interval_s, h.timeout_s, h.start_period_s,
+                                                       h.start_interval_s, h.retries]
+                                for h in [task.healthcheck, *(s.healthcheck for s in task.steps if task.multi_step)]],
                   multi_step=task.multi_step, reward_strategy=task.reward_strategy,
                   steps=[[s.name, s.instruction, s.agent_timeout_s, s.verifier_timeout_s, dict(s.verifier_env),
                           dict(s.min_reward) if isinstance(s.min_reward, dict) else s.min_reward]

@@ -119,6 +119,8 @@ def test_defaults_follow_harbor(tmp_path: Path) -> None:
     ('[[steps]]\nname = "one"\n', {"steps/one/instruction.md": "x", "tests/test.sh": None, "tests/a": ""},
      "steps/one/tests/test.sh is missing, and so is tests/test.sh"),
     ("steps = 3\n", {}, "task.toml: steps: must be an array of tables"),
+    ("[environment.healthcheck]\ninterval_sec = 1\n", {}, "environment.healthcheck.command: is required"),
+    ('[environment.healthcheck]\ncommand = "true"\nretries = 0\n', {}, "environment.healthcheck.retries: must be"),
     ('[environment]\nallowed_hosts = ["a.com"]\n', {}, "environment.allowed_hosts: is only valid with network_mode"),
     ('[agent]\nallowed_hosts = ["a.com"]\n', {}, "agent.allowed_hosts: is only valid with network_mode"),
     ('[verifier]\nnetwork_mode = "allowlist"\nallowed_hosts = ["https://a.com/x"]\n', {},
@@ -179,9 +181,15 @@ network_mode = "no-network"
 timeout_sec = 45.0
 env = { MODE = "strict", LEVEL = "1" }
 
+[environment.healthcheck]
+command = "test -f /app/ready"
+interval_sec = 0.5
+retries = 5
+
 [[steps]]
 name = "first"
 min_reward = { reward = 1.0, style = 0.5 }
+healthcheck = { command = "true", start_period_sec = 2 }
 [steps.agent]
 timeout_sec = 60
 [steps.verifier]
@@ -223,6 +231,8 @@ def test_multi_step_tasks_are_read(tmp_path: Path) -> None:
     assert dict(first.verifier_env) == {"MODE": "strict", "LEVEL": "2"}
     assert (first.min_reward, second.min_reward) == ({"reward": 1.0, "style": 0.5}, None)
     assert task.has_solution
+    assert (task.healthcheck.command, task.healthcheck.interval_s, task.healthcheck.retries) == ("test -f /app/ready", 0.5, 5)
+    assert (first.healthcheck.start_period_s, first.healthcheck.timeout_s, second.healthcheck) == (2.0, 30.0, None)
     # network: the environment's baseline, normalised as Harbor does; a phase table overrides
     # it, a step's table overrides the task's
     baseline = NetworkPolicy("allowlist", ("pypi.org", "*.example.com", "10.1.0.0/16", "2001:db8::1"))
