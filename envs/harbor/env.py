@@ -510,8 +510,8 @@ class HarborEnv(SandboxedToolEnv):
     async def _verifier_sandbox_maker(self, harbor: HarborTask, step: HarborStep) -> Any:
         """What makes the container of ``step``'s separate verifier: its own resources, and
         its phase's network (none, or the egress network held to its policy)."""
-        verifier = step.verifier_environment
-        assert verifier is not None
+        assert step.verifier_environment is not None
+        verifier = step.verifier_environment.settings
         limits = dataclasses.replace(
             self.limits, memory_mb=verifier.memory_mb or self.limits.memory_mb,
             workspace_mb=verifier.storage_mb or self.limits.workspace_mb)

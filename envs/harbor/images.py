@@ -82,8 +82,9 @@ def agent_image(task: HarborTask) -> ImageSource:
 
 def verifier_image(task: HarborTask, verifier: VerifierEnvironment) -> ImageSource:
     """The source of the image a separate verifier of ``task`` runs in."""
-    return ImageSource(task, verifier.context_dir, verifier.context_label, verifier.docker_image,
-                       verifier.workdir, verifier.build_timeout_s, "verifier")
+    settings = verifier.settings
+    return ImageSource(task, verifier.context_dir, verifier.context_label, settings.docker_image,
+                       settings.workdir, settings.build_timeout_s, "verifier")
 
 
 def service_image(task: HarborTask, service: Service) -> ImageSource:

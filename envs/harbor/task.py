@@ -118,6 +118,22 @@ class CollectHook:
 
 
 @dataclasses.dataclass(frozen=True)
+class EnvironmentSettings:
+    """The fields of an environment table (``[environment]`` or ``[verifier.environment]``):
+    ``docker_image``, ``workdir``, ``build_timeout_sec``, ``cpus``, ``memory_mb``,
+    ``storage_mb``, and its ``network`` policy (``network_set``: whether it was given)."""
+
+    docker_image: str | None
+    workdir: str | None
+    build_timeout_s: float
+    cpus: float | None
+    memory_mb: int | None
+    storage_mb: int | None
+    network: NetworkPolicy
+    network_set: bool
+
+
+@dataclasses.dataclass(frozen=True)
 class VerifierEnvironment:
     """The environment a verifier runs in when it is separate from the agent's
     (``[verifier].environment_mode = "separate"`` or a ``[verifier.environment]`` table).
@@ -128,23 +144,15 @@ class VerifierEnvironment:
         context_label: How messages name that folder (``environment``, ``tests``, ...).
         bundled_tests: The image holds ``/tests`` itself (built from the tests folder, or a
             ``docker_image`` of ``[verifier.environment]``); else the tests are copied in.
-        docker_image: A local image instead of a Dockerfile.
-        workdir: Its working directory (None: the image's WORKDIR).
-        build_timeout_s, cpus, memory_mb, storage_mb: Its ``[verifier.environment]`` (or
-            ``[environment]``) settings.
-        network: Its baseline network policy (a ``[verifier]`` policy overrides it).
+        settings: Its ``[verifier.environment]`` (else ``[environment]``), with
+            ``docker_image`` the image it runs (None: built from ``context_dir``) and
+            ``network`` its baseline (an explicit ``[verifier]`` policy overrides it).
     """
 
     context_dir: Path
     context_label: str
     bundled_tests: bool
-    docker_image: str | None
-    workdir: str | None
-    build_timeout_s: float
-    cpus: float | None
-    memory_mb: int | None
-    storage_mb: int | None
-    network: NetworkPolicy
+    settings: EnvironmentSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -417,7 +425,7 @@ def load_task(task_dir: str | Path) -> HarborTask:
         verifier_timeout_s=float(verifier.number("timeout_sec", 600.0)),
         verifier_env=verifier.strings("env"),
         agent_network=_phase_network(agent) or baseline,
-        verifier_network=_phase_network(verifier) or (separate.network if separate else baseline),
+        verifier_network=_phase_network(verifier) or (separate.settings.network if separate else baseline),
         verifier_environment=separate,
         artifacts=(*task_artifacts, Artifact(ARTIFACTS_DIR)) if separate else (),
         collect=_collect(verifier))
@@ -482,7 +490,7 @@ def _instruction(file: Path, task_dir: Path, shown: str) -> str:
 
 
 def _steps(path: Path, root: _Reader, tables: list[dict[str, Any]], whole_task: HarborStep,
-           settings: _Settings, task_artifacts: tuple[Artifact, ...]) -> tuple[HarborStep, ...]:
+           settings: EnvironmentSettings, task_artifacts: tuple[Artifact, ...]) -> tuple[HarborStep, ...]:
     """The ``[[steps]]`` of the task at ``path``, each completed from ``whole_task`` (the
     task-level timeouts, verifier variables and environment, root tests and solution) and
     ``settings`` (the task's ``[environment]``)."""
@@ -531,7 +539,7 @@ def _steps(path: Path, root: _Reader, tables: list[dict[str, Any]], whole_task: 
             min_reward=_min_reward(item),
             agent_network=_phase_network(agent) or whole_task.agent_network,
             verifier_network=explicit or (_phase_network(root.sub("verifier"))
-                                          or (separate.network if separate else settings.network)),
+                                          or (separate.settings.network if separate else settings.network)),
             verifier_environment=separate,
             artifacts=artifacts,
             collect=(*whole_task.collect, *_collect(verifier)),
@@ -540,21 +548,7 @@ def _steps(path: Path, root: _Reader, tables: list[dict[str, Any]], whole_task: 
     return tuple(steps)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Settings:
-    """The fields of an environment table (``[environment]`` or ``[verifier.environment]``)."""
-
-    docker_image: str | None
-    workdir: str | None
-    build_timeout_s: float
-    cpus: float | None
-    memory_mb: int | None
-    storage_mb: int | None
-    network: NetworkPolicy
-    network_set: bool
-
-
-def _environment(table: _Reader) -> _Settings:
+def _environment(table: _Reader) -> EnvironmentSettings:
     """Reads an environment table; refuses Windows and GPUs."""
     table.refuse("os", "windows", "Windows tasks are not supported (linux only)")
     if table.table.get("gpus"):
@@ -571,7 +565,7 @@ def _environment(table: _Reader) -> _Settings:
     workdir = table.string("workdir")
     if workdir is not None and not workdir.startswith("/"):
         raise table.fail("workdir", f"must be an absolute path, not {workdir!r}")
-    return _Settings(
+    return EnvironmentSettings(
         docker_image=table.string("docker_image"), workdir=workdir,
         build_timeout_s=float(table.number("build_timeout_sec", 600.0)),
         cpus=table.number("cpus", None), memory_mb=table.number("memory_mb", None, integer=True),
@@ -579,7 +573,7 @@ def _environment(table: _Reader) -> _Settings:
         network=NetworkPolicy(network, _allowed_hosts(table, network)), network_set=network_set)
 
 
-def _verifier_environment(task_dir: Path, settings: _Settings, task_verifier: _Reader,
+def _verifier_environment(task_dir: Path, settings: EnvironmentSettings, task_verifier: _Reader,
                           step_verifier: _Reader | None = None, step_tests: Path | None = None,
                           step_label: str = "") -> VerifierEnvironment | None:
     """Where a verifier runs, resolved as Harbor resolves it (None: shared, in the agent's
@@ -601,7 +595,7 @@ def _verifier_environment(task_dir: Path, settings: _Settings, task_verifier: _R
     if mode != "separate":
         return None
 
-    def table_of(verifier: _Reader | None) -> _Settings | None:
+    def table_of(verifier: _Reader | None) -> EnvironmentSettings | None:
         if verifier is None or "environment" not in verifier.table:
             return None
         return _environment(verifier.sub("environment"))
@@ -624,10 +618,8 @@ def _verifier_environment(task_dir: Path, settings: _Settings, task_verifier: _R
             break
     else:
         context, label_, bundled, image = task_dir / "environment", "environment", False, settings.docker_image
-    return VerifierEnvironment(
-        context_dir=context, context_label=label_, bundled_tests=bundled, docker_image=image,
-        workdir=own.workdir, build_timeout_s=own.build_timeout_s, cpus=own.cpus,
-        memory_mb=own.memory_mb, storage_mb=own.storage_mb, network=own.network)
+    return VerifierEnvironment(context_dir=context, context_label=label_, bundled_tests=bundled,
+                               settings=dataclasses.replace(own, docker_image=image))
 
 
 def _artifacts(table: _Reader) -> tuple[Artifact, ...]:

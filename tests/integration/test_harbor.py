@@ -87,6 +87,19 @@ def play(env: HarborEnv, actions: list[dict[str, Any]]) -> tuple[float, list[str
     return asyncio.run(run())
 
 
+def oracle(env: HarborEnv, task: dict[str, Any] | None = None) -> float:
+    """Plays the env's oracle on ``task`` (default: its first); returns the reward."""
+    task = task or env.task_set()[0]
+
+    async def run() -> float:
+        await env.areset(options={"task": task})
+        while True:
+            _, reward, terminated, truncated, _ = await env.astep(env.oracle_action(task, env.messages))
+            if terminated or truncated:
+                return reward
+    return asyncio.run(run())
+
+
 @pytest.fixture(scope="module")
 def tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("harbor")
@@ -118,15 +131,7 @@ def test_oracle_scores_1_and_the_tests_are_invisible_until_grading(env_of: Any) 
     assert "expected.txt" not in outputs[0] and "solve.sh" not in outputs[0]  # empty until needed
     assert "39" in outputs[0] and "65534" in outputs[0]  # the image's /app, as an unprivileged uid
     assert env.last_grade["rewards"] == {"reward": 0.0} and env.last_grade["exit_code"] == 0
-    task = env.task_set()[0]
-
-    async def oracle() -> float:
-        await env.areset(options={"task": task})
-        while True:
-            _, reward, terminated, truncated, _ = await env.astep(env.oracle_action(task, env.messages))
-            if terminated or truncated:
-                return reward
-    assert asyncio.run(oracle()) == 1.0
+    assert oracle(env) == 1.0
 
 
 def test_cheat_writing_the_reward_file_early_scores_0(env_of: Any) -> None:
@@ -351,15 +356,7 @@ def test_a_multi_step_task_goes_on_after_each_submit_in_one_sandbox(tasks: Path)
         assert reward == 0.0 and [s["step"] for s in env.last_grade["steps"]] == ["one"]
 
         # the oracle plays every step
-        task = env.task_set()[0]
-
-        async def oracle() -> float:
-            await env.areset(options={"task": task})
-            while True:
-                _, reward, terminated, truncated, _ = await env.astep(env.oracle_action(task, env.messages))
-                if terminated or truncated:
-                    return reward
-        assert asyncio.run(oracle()) == 1.0
+        assert oracle(env) == 1.0
         assert [s["reward"] for s in env.last_grade["steps"]] == [1.0, 1.0]
     finally:
         env.close()

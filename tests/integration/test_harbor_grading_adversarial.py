@@ -14,7 +14,6 @@ the default) and in a container of its own that receives only ``/app`` (``separa
 
 from __future__ import annotations
 
-import asyncio
 import re
 import shlex
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from typing import Any
 import pytest
 
 from agentrl_envs.harbor import SHIPPED_TASKS, HarborEnv
-from tests.integration.test_harbor import SUBMIT, bash, play, write_task
+from tests.integration.test_harbor import SUBMIT, bash, oracle, play, write_task
 from tests.support.sandboxes import backend_skip_reason
 
 DOCKER_SKIP = backend_skip_reason("docker")
@@ -105,18 +104,6 @@ def attack(env: HarborEnv, *commands: str) -> tuple[float, list[str], dict[str, 
     reward, outputs, _ = play(env, [*(bash(c) for c in commands), SUBMIT])
     assert env.last_grade is not None
     return reward, outputs, env.last_grade
-
-
-def oracle(env: HarborEnv, task: dict[str, Any] | None = None) -> float:
-    task = task or env.task_set()[0]
-
-    async def run() -> float:
-        await env.areset(options={"task": task})
-        while True:
-            _, reward, terminated, truncated, _ = await env.astep(env.oracle_action(task, env.messages))
-            if terminated or truncated:
-                return reward
-    return asyncio.run(run())
 
 
 def audit(grade: dict[str, Any]) -> tuple[dict[str, str], list[tuple[str, str]]]:

@@ -84,8 +84,8 @@ def ours(path: Path) -> dict:
                   allowed_hosts=list(task.allowed_hosts),
                   networks=[[p.mode, list(p.allowed_hosts)] for _, p in phase_policies(task)],
                   verifiers=[None if (v := s.verifier_environment) is None else [
-                      str(v.context_dir), v.bundled_tests, v.docker_image, v.workdir, v.cpus, v.memory_mb,
-                      v.storage_mb] for s in task.steps],
+                      str(v.context_dir), v.bundled_tests, v.settings.docker_image, v.settings.workdir,
+                      v.settings.cpus, v.settings.memory_mb, v.settings.storage_mb] for s in task.steps],
                   collect=[[h.command, h.timeout_s, h.user] for h in task.steps[0].collect],
                   healthchecks=[None if h is None else [h.command, h.interval_s, h.timeout_s, h.start_period_s,
                                                        h.start_interval_s, h.retries]

@@ -337,7 +337,7 @@ def test_a_separate_verifier_is_resolved_as_harbor_resolves_it(tmp_path: Path) -
     (step,) = plain.steps
     verifier = step.verifier_environment
     # no image of its own: built from environment/, with the tests copied in; [environment]'s settings
-    assert (verifier.context_label, verifier.bundled_tests, verifier.cpus) == ("environment", False, 2)
+    assert (verifier.context_label, verifier.bundled_tests, verifier.settings.cpus) == ("environment", False, 2)
     assert step.artifacts == (Artifact("/app/out"), Artifact(ARTIFACTS_DIR))
     assert step.verifier_network == NetworkPolicy("no-network")
 
@@ -347,7 +347,7 @@ def test_a_separate_verifier_is_resolved_as_harbor_resolves_it(tmp_path: Path) -
     (step,) = table.steps
     verifier = step.verifier_environment
     # a [verifier.environment] table means separate; a Dockerfile in tests/ holds the tests
-    assert (verifier.context_label, verifier.bundled_tests, verifier.memory_mb) == ("tests", True, 256)
+    assert (verifier.context_label, verifier.bundled_tests, verifier.settings.memory_mb) == ("tests", True, 256)
     assert step.verifier_network == NetworkPolicy("allowlist", ("grader.db",))  # its own baseline
     assert step.collect[0].command == "ls" and step.collect[0].user == "0"
     shared = load_task(make_task(tmp_path, '[verifier]\nenvironment_mode = "shared"\n', name="c"))
