@@ -138,6 +138,15 @@ class HarborEnv(SandboxedToolEnv):
     step's name, reward and details, which a custom reward function can read from
     ``sample.metadata["grade"]``. ``[agent].timeout_sec`` counts per step.
 
+    **Network per phase**: the sandbox's egress follows the phase that runs (see
+    :mod:`agentrl_envs.harbor.network`). **A separate verifier** (``environment_mode =
+    "separate"``) grades in a container of its own that receives only the artifacts (see
+    :func:`~agentrl_envs.harbor.verifier.grade_separately`). **Compose tasks**
+    (``environment/docker-compose.yaml``) start their services on a private network before
+    the sandbox joins it as ``main``, and remove them when the episode ends (see
+    :mod:`agentrl_envs.harbor.compose`). ``[environment].healthcheck`` and a step's
+    ``healthcheck`` run before the agent. Guide: ``docs/guides/harbor.md``.
+
     Args:
         path: A Harbor task directory, or a folder of them (default: the tasks shipped with
             agentrl, ``envs/harbor/tasks``).
