@@ -57,6 +57,11 @@ THIRD_PARTY = {
     "--address", "--resources",
     # git commit: swe-bench's one-commit history that replaces the image's (envs/swe_tools)
     "--no-verify", "--allow-empty",
+    # iptables-restore rules: a Docker sandbox's egress (agentrl.sandbox.egress)
+    "--reject-with",
+    # docker compose up --wait and tar --exclude, whose behaviour a Harbor task's compose file
+    # and artifacts follow (envs/harbor/compose.py, envs/harbor/task.py)
+    "--wait", "--exclude",
 }
 """Flags of programs we start or tell the user to run; each group says which program."""
 
