@@ -592,7 +592,7 @@ class HarborEnv(SandboxedToolEnv):
     def _network_words(self, harbor: HarborTask) -> str:
         """What the prompt says of the first step's agent network."""
         policy = harbor.steps[0].agent_network
-        if harbor.compose is not None and self.network != "offline":
+        if harbor.compose is not None:  # its services are part of its environment, offline too
             names = ", ".join(s.name for s in harbor.compose.services)
             return f"no network beyond the task's services, reached by name: {names}"
         if self.network_plan(harbor).network == "none" or policy.mode == "no-network":
