@@ -75,9 +75,7 @@ def restore(staging: Path, artifacts: Sequence[Artifact], records: Sequence[dict
             record["why"] = (f"agentrl restores artifacts under the verifier's working directory "
                              f"({workdir}) or {ARTIFACTS_DIR}; {artifact.source} is elsewhere")
             continue
-        copied = staging / str(index) / PurePosixPath(artifact.source).name
-        if artifact.source in ("/", workdir, WORKSPACE, ARTIFACTS_DIR):
-            copied = staging / str(index) / (PurePosixPath(artifact.source).name or ".")
+        copied = staging / str(index) / PurePosixPath(artifact.source).name  # as `docker cp` names it
         if copied.is_dir():
             shutil.copytree(copied, where, dirs_exist_ok=True, symlinks=True)
         elif copied.exists() or copied.is_symlink():
