@@ -21,6 +21,11 @@ where each is reached by its service name. agentrl runs the same project with th
 episode waits for; every service is waited for anyway, as ``--wait`` does); its image is the
 task's ``environment/Dockerfile``, so a ``build`` other than the task's folder, an ``image``,
 or a ``command`` is refused.
+
+A few keys are accepted with no effect, each for a reason: ``expose`` (documentation in compose
+too), ``container_name`` and ``hostname`` (a service is named per episode, and its service
+name is its host name), ``restart`` (a service that stops fails the episode instead), and
+``stop_grace_period`` (services are removed by force when the episode ends).
 """
 
 from __future__ import annotations
@@ -80,6 +85,9 @@ class Service:
     depends_on: Mapping[str, str]
     working_dir: str | None
     user: str | None
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    tty: bool = False
+    stdin_open: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +174,9 @@ def read_compose(file: Path) -> ComposeSpec:
             entrypoint=_argv(body.get("entrypoint"), f"{where}.entrypoint"),
             environment=environment, healthcheck=_healthcheck(body.get("healthcheck"), f"{where}.healthcheck"),
             depends_on=depends, working_dir=_string(body, "working_dir", where),
-            user=None if body.get("user") is None else str(body["user"])))
+            user=None if body.get("user") is None else str(body["user"]),
+            labels=_environment(body.get("labels"), f"{where}.labels"),
+            tty=bool(body.get("tty", False)), stdin_open=bool(body.get("stdin_open", False))))
     _acyclic({s.name: s.depends_on for s in services}, file)
     return ComposeSpec(file, main_environment, main_depends, tuple(services))
 
@@ -386,8 +396,9 @@ class ComposeProject:
             self.images[service.name], command=service.command, entrypoint=service.entrypoint,
             environment=dict(service.environment), healthcheck=service.healthcheck, name=name,
             hostname=service.name, working_dir=service.working_dir, user=service.user,
-            labels={**self.labels, "agentrl.container": name, "agentrl.compose.service": service.name},
-            network=self.network_name, detach=True)
+            labels={**service.labels, **self.labels, "agentrl.container": name,
+                    "agentrl.compose.service": service.name},
+            tty=service.tty, stdin_open=service.stdin_open, network=self.network_name, detach=True)
         # the service's name is its address on the network (create() cannot set aliases)
         self._network.disconnect(container)
         self._network.connect(container, aliases=[service.name])

@@ -7,6 +7,7 @@ tests/e2e/test_harbor_eval.py."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -90,13 +91,18 @@ def tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("harbor-compose")
 
 
-def leftovers() -> tuple[list[str], list[str]]:
-    """The compose containers and networks on the daemon."""
+def leftovers(owner: int | None = None) -> tuple[list[str], list[str]]:
+    """The compose containers and networks on the daemon that process ``owner`` (default:
+    this one) made."""
+    from agentrl.sandbox._docker_api import OWNER_LABEL
     from agentrl.sandbox.docker import get_client
 
     client = get_client(None)
-    containers = [c.name for c in client.containers.list(all=True, filters={"label": "agentrl.compose.service"})]
-    networks = [n.name for n in client.networks.list() if n.name.startswith("agentrl-compose-")]
+    mine = f"{OWNER_LABEL}={owner or os.getpid()}"
+    containers = [c.name for c in client.containers.list(
+        all=True, filters={"label": ["agentrl.compose.service", mine]})]
+    networks = [n.name for n in client.networks.list(filters={"label": mine})
+                if n.name.startswith("agentrl-compose-")]
     return containers, networks
 
 
@@ -174,9 +180,10 @@ def test_a_killed_runs_services_are_reclaimed(tasks: Path, clean: None) -> None:
     try:
         line = run.stdout.readline() if run.stdout else ""
         network = json.loads(line)["network"]
-        assert network in leftovers()[1] and len(leftovers()[0]) == 3
+        assert network in leftovers(run.pid)[1] and len(leftovers(run.pid)[0]) == 3
     finally:
         run.send_signal(signal.SIGKILL)
         run.wait(timeout=30)
     reap_leftovers()  # what the next run does first (and agentrl's own exit hook otherwise)
+    assert leftovers(run.pid) == ([], [])
 
