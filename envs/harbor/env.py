@@ -558,8 +558,8 @@ class HarborEnv(SandboxedToolEnv):
             self.grading = False
         if index + 1 >= len(harbor.steps) or not harbor.steps[index].passes(record["rewards"]):
             return None
-        await asyncio.to_thread(reopen, self.sandbox, (WORKSPACE, *self.sandbox.workspace_aliases))
-        state.data.pop(SHELL_KEY, None)  # grading stopped every process: the next call opens a shell
+        await reopen(self.sandbox, (WORKSPACE, *self.sandbox.workspace_aliases))
+        state.data.pop(SHELL_KEY, None)  # every process was stopped: the next call opens a shell
         await self._open_step(self.sandbox, harbor, index + 1)
         return [{"role": "user", "content": harbor.steps[index + 1].instruction}]
 

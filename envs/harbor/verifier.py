@@ -369,14 +369,21 @@ def fill(host_dir: str, *sources: Path) -> None:
             shutil.copytree(source, host_dir, dirs_exist_ok=True, symlinks=False)
 
 
-def reopen(sandbox: Any, mounts: Sequence[str]) -> None:
-    """Readies a graded sandbox for the agent's next step: the tests and the verifier's logs
-    are removed (the agent never sees them), and when agentrl runs as root the workspace's
-    files, given to root for grading, go back to the sandbox's uid."""
-    for directory in (TESTS, LOGS):
-        _empty(sandbox.host_dir(directory))
-    if os.geteuid() == 0:
-        _clean_workspace(sandbox.workspace, mounts, "/", owner=sandbox.uid)
+async def reopen(sandbox: Any, mounts: Sequence[str]) -> None:
+    """Readies a graded sandbox for the agent's next step, leaving nothing of the grader: every
+    process is stopped again (the container restarts, which also empties ``/tmp`` and
+    ``/dev/shm``, where the verifier may have written what it read from the tests), the tests
+    and the verifier's logs are removed, and when agentrl runs as root the workspace's files,
+    given to root for grading, go back to the sandbox's uid."""
+    await sandbox.stop_processes()
+
+    def files() -> None:
+        for directory in (TESTS, LOGS):
+            _empty(sandbox.host_dir(directory))
+        if os.geteuid() == 0:
+            _clean_workspace(sandbox.workspace, mounts, "/", owner=sandbox.uid)
+
+    await asyncio.to_thread(files)
 
 
 def _empty(host_dir: str) -> None:

@@ -291,6 +291,9 @@ name = "two"
 # Each step's verifier compares a file with the step's own expected file and leaves a marker
 # of itself in /tests, to show that the next step's agent cannot see either.
 STEP_TEST_SH = """\
+cp /tests/expected.txt /tmp/verifier-leftover; cp /tests/expected.txt /dev/shm/verifier-leftover
+chmod 644 /tmp/verifier-leftover /dev/shm/verifier-leftover
+nohup sh -c 'sleep 300' > /dev/null 2>&1 &
 if cmp -s /app/$(cat /tests/target) /tests/expected.txt; then echo 1 > /logs/verifier/reward.txt
 else echo 0 > /logs/verifier/reward.txt; fi
 """
@@ -339,14 +342,17 @@ def test_a_multi_step_task_goes_on_after_each_submit_in_one_sandbox(tasks: Path)
             bash("cd /app && echo 42 > sum.txt && chmod 600 sum.txt"), SUBMIT,
             # step two: the files stay (and are the agent's again after grading), the step's
             # workdir was copied in and its setup.sh ran; the graded step's tests are gone
-            bash("cd /app && ls -A /tests /logs/verifier; cat note.txt data/extra.txt; "
-                 "echo 84 > double.txt && cat sum.txt && stat -c %u sum.txt"), SUBMIT])
+            bash("cd /app && ls -A /tests /logs/verifier /tmp /dev/shm; cat note.txt data/extra.txt; "
+                 "echo 84 > double.txt && cat sum.txt && stat -c %u sum.txt; "
+                 "echo sleeping=$(ps -eo comm | grep -c '^sleep$')"), SUBMIT])
         assert reward == 1.0
         assert observations[1][-1] == {"role": "user", "content": "Write twice the number in /app/sum.txt "
                                        "to /app/double.txt."}
         second = observations[2][0]["content"]
         assert "staged" in second and "from step two" in second and "42\n65534" in second
         assert "target" not in second and "expected" not in second and "reward" not in second
+        # nothing the step's verifier left (files in /tmp or /dev/shm, processes) is there
+        assert "verifier-leftover" not in second and "sleeping=1" in second  # the sandbox's own sleep
         grade = env.last_grade
         assert [(s["step"], s["reward"]) for s in grade["steps"]] == [("one", 1.0), ("two", 1.0)]
         assert (grade["strategy"], grade["rewards"], grade["steps_total"]) == ("mean", {"reward": 1.0}, 2)
