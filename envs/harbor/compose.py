@@ -31,6 +31,7 @@ name is its host name), ``restart`` (a service that stops fails the episode inst
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import re
@@ -444,17 +445,15 @@ class ComposeProject:
         import docker.errors
 
         containers, self.containers = list(self.containers.values()), {}
-        for container in containers:
-            try:
-                await asyncio.to_thread(container.remove, force=True)
-            except docker.errors.NotFound:
-                pass
         network, self._network = self._network, None
+        # containers first: a network with a container on it cannot be removed. What is already
+        # gone (removed by hand, or reaped) is what close() wants anyway.
+        for container in containers:
+            with contextlib.suppress(docker.errors.NotFound):
+                await asyncio.to_thread(container.remove, force=True)
         if network is not None:
-            try:
+            with contextlib.suppress(docker.errors.NotFound):
                 await asyncio.to_thread(network.remove)
-            except docker.errors.NotFound:
-                pass
 
 
 def owner_labels() -> dict[str, str]:

@@ -114,15 +114,21 @@ def egress_of(policy: NetworkPolicy, client: Any, network: str) -> Egress:
     addresses: list[str] = []
     hosts: list[tuple[str, str]] = []
     for entry in policy.allowed_hosts:
-        try:
-            addresses.append(str(ipaddress.ip_network(entry, strict=False)))
+        if (block := _address_block(entry)) is not None:
+            addresses.append(block)
             continue
-        except ValueError:
-            pass
         for address in on_network.get(entry) or _resolve(entry):
             addresses.append(address)
             hosts.append((entry, address))
     return Egress(addresses=tuple(dict.fromkeys(addresses)), hosts=tuple(dict.fromkeys(hosts)))
+
+
+def _address_block(entry: str) -> str | None:
+    """``entry`` as an address block (``10.0.0.7/32``, ``10.1.0.0/16``); None for a hostname."""
+    try:
+        return str(ipaddress.ip_network(entry, strict=False))
+    except ValueError:
+        return None
 
 
 def _containers_on(client: Any, network: str) -> dict[str, list[str]]:
