@@ -25,7 +25,6 @@ from agentrl_envs.harbor.images import (
     TaskImage,
     ensure_image_present,
     ensure_task_image,
-    image_tag,
     service_image,
     verifier_image,
 )
@@ -215,6 +214,8 @@ class HarborEnv(SandboxedToolEnv):
         self._base_tools = tuple(self.toolbox)
         self._images: dict[str, TaskImage] = {}
         self._services: ComposeProject | None = None
+        self._service_images: dict[str, dict[str, str]] = {}
+        """Task name -> its compose services' image tags."""
         self.last_grade: dict[str, Any] | None = None
 
     # -- tasks -------------------------------------------------------------------------------
@@ -311,16 +312,18 @@ class HarborEnv(SandboxedToolEnv):
 
         assert harbor.compose is not None
         client = await asyncio.to_thread(get_client, self.docker_host)
-        images = {}
-        for service in harbor.compose.services:
-            source = service_image(harbor, service)
-            if service.build_context is not None:
-                images[service.name] = (await ensure_task_image(client, source)).tag
-            else:
-                await asyncio.to_thread(ensure_image_present, client, source)
-                images[service.name] = service.image
+        if harbor.name not in self._service_images:  # once per task, not per episode
+            images = {}
+            for service in harbor.compose.services:
+                source = service_image(harbor, service)
+                if service.build_context is not None:
+                    images[service.name] = (await ensure_task_image(client, source)).tag
+                else:
+                    await asyncio.to_thread(ensure_image_present, client, source)
+                    images[service.name] = service.image
+            self._service_images[harbor.name] = images
         note_sandbox_made("docker", self.docker_host)  # a killed run's services are reclaimed
-        project = ComposeProject(client, harbor.compose, images, owner_labels())
+        project = ComposeProject(client, harbor.compose, self._service_images[harbor.name], owner_labels())
         try:
             await project.start()
         except ComposeError as exc:
@@ -508,7 +511,7 @@ class HarborEnv(SandboxedToolEnv):
         """The image of ``step``'s separate verifier, built on first use."""
         assert step.verifier_environment is not None
         source = verifier_image(harbor, step.verifier_environment)
-        key = image_tag(source, self.base_image)
+        key = f"{harbor.name}\0verifier\0{step.name}"  # not its tag: that hashes the folder again
         if key not in self._images:
             from agentrl.sandbox.docker import get_client
 

@@ -110,7 +110,8 @@ def egress_of(policy: NetworkPolicy, client: Any, network: str) -> Egress:
         return Egress.unrestricted()
     if policy.mode == "no-network":
         return Egress.nothing()
-    on_network = _containers_on(client, network)
+    names = [entry for entry in policy.allowed_hosts if _address_block(entry) is None]
+    on_network = _containers_on(client, network, names) if names else {}
     addresses: list[str] = []
     hosts: list[tuple[str, str]] = []
     for entry in policy.allowed_hosts:
@@ -131,26 +132,34 @@ def _address_block(entry: str) -> str | None:
         return None
 
 
-def _containers_on(client: Any, network: str) -> dict[str, list[str]]:
-    """Name or alias -> addresses of the containers on the Docker ``network``."""
+def _containers_on(client: Any, network: str, names: list[str]) -> dict[str, list[str]]:
+    """The addresses on the Docker ``network`` of the containers called one of ``names``, by
+    container name (from the network's own listing) or, for a name not found so, by alias
+    (which needs each container's settings: asked only then)."""
     import docker.errors
 
     try:
         attrs = client.networks.get(network).attrs
     except docker.errors.NotFound:
         return {}
+    members = attrs.get("Containers") or {}
     found: dict[str, list[str]] = {}
-    for container_id in attrs.get("Containers") or {}:
+    for member in members.values():
+        if member.get("Name", "").lower() in names:
+            found[member["Name"].lower()] = [a.split("/")[0] for a in (member.get("IPv4Address"),
+                                                                         member.get("IPv6Address")) if a]
+    if all(name in found for name in names):
+        return found
+    for container_id in members:
         try:
             container = client.containers.get(container_id)
         except docker.errors.NotFound:
             continue
         settings = (container.attrs.get("NetworkSettings", {}).get("Networks") or {}).get(network) or {}
-        names = {container.name.lower(), *(a.lower() for a in settings.get("Aliases") or ())}
-        for address in (settings.get("IPAddress"), settings.get("GlobalIPv6Address")):
-            if address:
-                for name in names:
-                    found.setdefault(name, []).append(address)
+        addresses = [a for a in (settings.get("IPAddress"), settings.get("GlobalIPv6Address")) if a]
+        for alias in settings.get("Aliases") or ():
+            if alias.lower() in names and alias.lower() not in found:
+                found[alias.lower()] = addresses
     return found
 
 
