@@ -150,17 +150,8 @@ def read_compose(file: Path) -> ComposeSpec:
             main_environment, main_depends = environment, depends
             continue
         image, context, dockerfile = body.get("image"), None, "Dockerfile"
-        build = body.get("build")
-        if build is not None:
-            context_rel = build if isinstance(build, str) else (build or {}).get("context", ".")
-            if isinstance(build, dict):
-                dockerfile = build.get("dockerfile", "Dockerfile")
-                extra = set(build) - {"context", "dockerfile"}
-                if extra:
-                    raise ComposeError(f"{where}.build: {sorted(extra)[0]!r} is not supported "
-                                       "(context and dockerfile are)")
-            if not isinstance(context_rel, str) or not isinstance(dockerfile, str):
-                raise ComposeError(f"{where}.build: context and dockerfile must be strings")
+        if body.get("build") is not None:
+            context_rel, dockerfile = _build(body["build"], where)
             context = (file.parent / context_rel).resolve()
             if file.parent.resolve() not in (context, *context.parents):
                 raise ComposeError(f"{where}.build: {context_rel!r} leaves environment/")
@@ -213,11 +204,24 @@ def _literal(value: Any, where: str) -> Any:
     return value
 
 
+def _build(build: Any, where: str) -> tuple[str, str]:
+    """A service's ``build``: a context path, or ``{context, dockerfile}``."""
+    if isinstance(build, str):
+        return build, "Dockerfile"
+    if not isinstance(build, dict):
+        raise ComposeError(f"{where}.build: must be a path or a mapping of context and dockerfile")
+    extra = set(build) - {"context", "dockerfile"}
+    if extra:
+        raise ComposeError(f"{where}.build: {sorted(extra)[0]!r} is not supported (context and dockerfile are)")
+    context, dockerfile = build.get("context", "."), build.get("dockerfile", "Dockerfile")
+    if not isinstance(context, str) or not isinstance(dockerfile, str):
+        raise ComposeError(f"{where}.build: context and dockerfile must be strings")
+    return context, dockerfile
+
+
 def _check_main(body: Mapping[str, Any], where: str) -> None:
-    build = body.get("build")
-    context = build if isinstance(build, str) else (build or {}).get("context", ".") if isinstance(build, dict) else "."
-    if build is not None and (context not in (".", "./") or (isinstance(build, dict)
-                                                             and build.get("dockerfile", "Dockerfile") != "Dockerfile")):
+    if body.get("build") is not None and _build(body["build"], where) not in (
+            (".", "Dockerfile"), ("./", "Dockerfile")):
         raise ComposeError(f"{where}.build: main is built from environment/Dockerfile; other contexts "
                            "are not supported")
     if body.get("image") is not None:
